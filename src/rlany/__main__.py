@@ -1,0 +1,3 @@
+from rlany.cli import main
+
+main()

@@ -1,0 +1,22 @@
+"""The one exception type for expected failures.
+
+An `RlanyError` is something a user can fix (bad input, a missing file, conflicting
+flags). The CLI prints it as one line `where: what is wrong` and exits 1; a traceback is
+shown only when `RLANY_DEBUG=1`. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class RlanyError(Exception):
+    def __init__(self, message: str, where: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.where = where
+        self.hint = hint
+
+    def one_line(self) -> str:
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.hint:
+            text += f" (hint: {self.hint})"
+        return text.replace("\n", " ")

@@ -1,0 +1,293 @@
+"""Streaming JSONL in and out, with line-numbered errors and atomic output.
+
+* `JsonlReader(path, Record)` yields `(where, record)` pairs, `where = "path:line"`, one line
+  at a time (memory does not grow with the file), hashing the bytes as it goes so the
+  sidecar can name the exact input. Malformed input raises `RlanyError` naming the line.
+* `AtomicJsonl(path)` writes to a temp file beside `path` and renames it into place only when
+  the stage finishes; a killed or failed stage leaves no output. `-` streams to stdout.
+* `ResumableJsonl(path)` is for the expensive stages (rollout, judge): it appends whole
+  groups to `path.partial` and records each completed group in `path.partial.idx` after an
+  fsync; a rerun keeps the recorded groups, drops anything after them, and continues.
+* `write_meta` writes `X.meta.json` (schema version, flags, inputs with sha256, counts, wall
+  time, versions). It is written after the data, so "meta exists" means "output complete".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import IO, Any, Generic, Iterable, Iterator, TypeVar
+
+from rlany.errors import RlanyError
+from rlany.records import SCHEMA_VERSION, from_json, guess_kind, to_json
+
+R = TypeVar("R")
+
+MAX_LINE_BYTES = 64 * 1024 * 1024  # a longer line is an error, never a memory blow-up
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def dumps(obj: Any) -> str:
+    """One canonical JSON line: stable key order as given, no NaN/inf, UTF-8 kept."""
+    return json.dumps(to_json(obj), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def meta_path(path: str | Path) -> Path:
+    p = Path(path)
+    return p.with_name(p.name[: -len(".jsonl")] + ".meta.json" if p.name.endswith(".jsonl")
+                       else p.name + ".meta.json")
+
+
+class JsonlReader(Generic[R]):
+    """Iterate `(where, record)`; afterwards `.count` and `.sha256` describe what was read."""
+
+    def __init__(self, path: str | Path, cls: type[R], kind: str, allow_empty: bool = False):
+        self.path, self.cls, self.kind, self.allow_empty = str(path), cls, kind, allow_empty
+        self.count = 0
+        self._hash = hashlib.sha256()
+        if self.path != "-":
+            p = Path(self.path)
+            if not p.exists():
+                raise RlanyError(f"no such {kind} file", where=self.path)
+            if p.is_dir():
+                raise RlanyError(f"is a directory, expected a {kind} JSONL file", where=self.path)
+            check_schema_version(p)
+
+    @property
+    def sha256(self) -> str | None:
+        return self._hash.hexdigest() if self.path != "-" else None
+
+    def __iter__(self) -> Iterator[tuple[str, R]]:
+        stream: IO[bytes]
+        if self.path == "-":
+            stream = sys.stdin.buffer
+        else:
+            try:
+                stream = open(self.path, "rb")
+            except OSError as e:
+                raise RlanyError(f"cannot read: {e.strerror}", where=self.path) from e
+        try:
+            yield from self._records(stream)
+        finally:
+            if stream is not sys.stdin.buffer:
+                stream.close()
+        if self.count == 0 and not self.allow_empty:
+            raise RlanyError(f"empty input: no {self.kind} records", where=self.path)
+
+    def _records(self, stream: IO[bytes]) -> Iterator[tuple[str, R]]:
+        lineno = 0
+        while True:
+            raw = stream.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            lineno += 1
+            where = f"{self.path}:{lineno}"
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise RlanyError(f"line longer than {MAX_LINE_BYTES // 2**20} MiB", where=where)
+            self._hash.update(raw)
+            if not raw.strip():
+                continue
+            yield where, self._parse(raw, where)
+            self.count += 1
+
+    def _parse(self, raw: bytes, where: str) -> R:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RlanyError(f"not UTF-8 text (byte {e.start})", where=where) from None
+        try:
+            obj = json.loads(text, parse_constant=_reject_constant)
+        except (json.JSONDecodeError, ValueError) as e:
+            if not text.endswith("\n"):
+                raise RlanyError(f"truncated last line: {e}", where=where) from None
+            raise RlanyError(f"invalid JSON: {e}", where=where) from None
+        try:
+            return from_json(self.cls, obj)
+        except RlanyError as e:
+            found = guess_kind(obj) if isinstance(obj, dict) else None
+            hint = (f"this looks like a {found} file, expected {self.kind}"
+                    if found and found != self.kind else None)
+            raise RlanyError(e.message, where=where, hint=hint) from None
+
+
+def check_schema_version(path: Path) -> None:
+    """Refuse an input whose sidecar says it was written under another schema version."""
+    meta = meta_path(path)
+    if not meta.exists():
+        return
+    try:
+        version = json.loads(meta.read_text()).get("schema_version")
+    except (OSError, ValueError, AttributeError):
+        raise RlanyError("unreadable sidecar metadata", where=str(meta)) from None
+    if version != SCHEMA_VERSION:
+        raise RlanyError(
+            f"schema version {version!r}, this rlany reads version {SCHEMA_VERSION}",
+            where=str(meta), hint="regenerate the file with this version of rlany")
+
+
+class AtomicJsonl:
+    """Write records to `path` atomically (temp file + rename); `-` means stdout."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self.count = 0
+        self._tmp: str | None = None
+        self._out: IO[str] | None = None
+
+    def __enter__(self) -> "AtomicJsonl":
+        if self.path == "-":
+            self._out = sys.stdout
+            return self
+        target = Path(self.path)
+        if target.is_dir():
+            raise RlanyError("output is a directory", where=self.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                         suffix=".tmp")
+        self._out = os.fdopen(fd, "w", encoding="utf-8")
+        return self
+
+    def write(self, record: Any) -> None:
+        assert self._out is not None
+        self._out.write(dumps(record) + "\n")
+        self.count += 1
+
+    def write_all(self, records: Iterable[Any]) -> None:
+        for r in records:
+            self.write(r)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        assert self._out is not None
+        if self.path == "-":
+            self._out.flush()
+            return
+        if exc_type is None:
+            self._out.flush()
+            os.fsync(self._out.fileno())
+            self._out.close()
+            os.replace(self._tmp, self.path)
+        else:
+            self._out.close()
+            os.unlink(self._tmp)
+
+
+class ResumableJsonl:
+    """Append whole groups to `path.partial`; rename to `path` on `finish()`.
+
+    `path.partial.idx` holds one line per completed group: `{"key": ..., "end": byte_offset}`,
+    written after the group's bytes are fsynced. On reopen, the partial file is cut back to
+    the last recorded offset (dropping a group that was being written when the process was
+    killed) and `done` lists the keys already written, so the caller skips them.
+    """
+
+    def __init__(self, path: str | Path):
+        if str(path) == "-":
+            raise RlanyError("this stage resumes from its output file, so -o - is not allowed")
+        self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.index = self.path.with_name(self.path.name + ".partial.idx")
+        self.done: list[str] = []
+        self.count = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        end = self._recover()
+        self._out = open(self.partial, "ab")
+        self._out.truncate(end)
+        self._idx = open(self.index, "a", encoding="utf-8")
+
+    def _recover(self) -> int:
+        end = 0
+        if self.index.exists() and self.partial.exists():
+            good: list[str] = []
+            for line in self.index.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    break  # a torn index line: everything before it is still good
+                good.append(line)
+                self.done.append(entry["key"])
+                end = entry["end"]
+                self.count += entry["records"]
+            size = self.partial.stat().st_size
+            if end > size:  # the index claims bytes that never reached the disk
+                raise RlanyError("partial output is shorter than its index; delete "
+                                 f"{self.partial} and {self.index} to start over",
+                                 where=str(self.partial))
+            self.index.write_text("".join(g + "\n" for g in good), encoding="utf-8")
+        else:
+            self.index.unlink(missing_ok=True)
+            self.partial.unlink(missing_ok=True)
+        return end
+
+    def write_group(self, key: str, records: list[Any]) -> None:
+        data = "".join(dumps(r) + "\n" for r in records).encode("utf-8")
+        self._out.write(data)
+        self._out.flush()
+        os.fsync(self._out.fileno())
+        self._idx.write(json.dumps({"key": key, "end": self._out.tell(),
+                                    "records": len(records)}) + "\n")
+        self._idx.flush()
+        os.fsync(self._idx.fileno())
+        self.done.append(key)
+        self.count += len(records)
+
+    def finish(self) -> None:
+        self._out.close()
+        self._idx.close()
+        os.replace(self.partial, self.path)
+        self.index.unlink()
+
+    def close(self) -> None:
+        self._out.close()
+        self._idx.close()
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("rlany", *names):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def write_meta(output: str | Path, *, stage: str, flags: dict[str, Any],
+               inputs: list[JsonlReader | dict], counts: dict[str, Any], started: float,
+               versions: tuple[str, ...] = ()) -> None:
+    """Write the `X.meta.json` sidecar of `output` atomically (nothing for stdout)."""
+    if str(output) == "-":
+        return
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "stage": stage,
+        "output": Path(output).name,
+        "flags": {k: (str(v) if isinstance(v, Path) else v) for k, v in flags.items()},
+        "inputs": [i if isinstance(i, dict) else
+                   {"path": i.path, "sha256": i.sha256, "records": i.count} for i in inputs],
+        "counts": counts,
+        "wall_time_s": round(time.time() - started, 3),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": package_versions(*versions),
+    }
+    write_text_atomic(meta_path(output), json.dumps(meta, indent=2) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,273 @@
+"""The record contract: plain frozen dataclasses whose field names are the JSON keys.
+
+Every record that crosses a stage boundary is defined here; `stages/*/README.md` documents
+them for people. Rules (DESIGN §2):
+
+* unknown top-level columns ride along untouched in `extra` and are written back out;
+* ids are deterministic: `traj_id = f"{task_id}/{iteration}/{sample}"`;
+* the samples of one task are written next to each other, so stages stream group by group;
+* the schema version lives in each output's `X.meta.json` sidecar, not in every line.
+
+`from_json` validates types field by field and raises `RlanyError` naming the field, so a
+caller that knows the file and line can report `path:line: what is wrong`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, TypeVar
+
+from rlany.errors import RlanyError
+
+SCHEMA_VERSION = 1
+
+Message = dict  # one chat message: {"role": "system" | "user" | "assistant", "content": str}
+
+
+def traj_id(task_id: str, iteration: int, sample: int) -> str:
+    return f"{task_id}/{iteration}/{sample}"
+
+
+@dataclass(frozen=True)
+class Lineage:
+    root_id: str
+    parent_id: str | None = None
+    version: int = 0
+    direction: str | None = None  # "harder" | "easier" | None for an original task
+    accepted_iter: int | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    env: str  # a registered environment name
+    spec: dict  # env-specific JSON: goal, world, problem + tests, ...
+    prompt: str  # what the policy is told
+    lineage: Lineage | None = None
+    split: str = "train"  # train | eval
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Step:
+    obs: str
+    prompt_messages: list[dict]  # the exact chat messages the policy saw
+    response: str
+    action: str | None  # the parsed action; None when the response held no valid action
+    next_obs: str
+    info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    traj_id: str
+    task_id: str
+    iteration: int
+    sample: int
+    steps: list[Step]
+    outcome: int  # +1 success, -1 otherwise
+    finish: str  # success | failure | max_steps | error
+    policy: dict  # {"model": ..., "adapter": ...}
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JudgeSample:
+    text: str  # the judge's full output: reasoning, then the verdict
+    score: int  # +1 good step, -1 bad step, 0 unparseable
+
+
+@dataclass(frozen=True)
+class StepJudgment:
+    step: int  # index into Trajectory.steps
+    judge_messages: list[dict]  # the judge prompt, shared by the m samples
+    samples: list[JudgeSample]
+
+
+@dataclass(frozen=True)
+class Judgment:
+    traj_id: str
+    task_id: str
+    judge: dict  # {"model": ..., "adapter": ...}
+    steps: list[StepJudgment]
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScoredJudgeSample:
+    text: str
+    score: int
+    reward: float  # consistency reward R_i * S_ij, or the unparseable penalty
+    advantage: float  # standardized within the m samples of the step
+    keep: bool  # used for reward-model training
+
+
+@dataclass(frozen=True)
+class ScoredStep:
+    step: int
+    prompt_messages: list[dict]
+    response: str
+    step_score: float  # mean_j S_ij over the m judge samples (0 without a judge)
+    reward: float  # R_i = O + lambda * step_score
+    advantage: float  # standardized across the task's trajectories at this step index
+    keep: bool  # used for policy training
+    judge_messages: list[dict] | None = None
+    judge: list[ScoredJudgeSample] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Scored:
+    traj_id: str
+    task_id: str
+    iteration: int
+    sample: int
+    outcome: int
+    task_acc: float
+    steps: list[ScoredStep]
+    policy: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    task_id: str
+    n: int
+    successes: int
+    acc: float
+    mean_steps: float
+    policy_keep: bool
+    policy_reason: str
+    rm_keep: bool
+    rm_reason: str
+    policy_samples: int
+    rm_samples: int
+    step_score_mean: float | None
+    parse_fail_rate: float | None
+    judge_outcome_agreement: float | None
+    extra: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------
+# JSON <-> dataclass
+
+R = TypeVar("R")
+
+# Fields whose presence tells which stage wrote a file, for a helpful error message.
+_SIGNATURES = {
+    "tasks": {"env", "spec", "prompt"},
+    "trajectories": {"steps", "outcome", "finish"},
+    "judgments": {"judge", "steps"},
+    "scored": {"task_acc", "steps"},
+    "task stats": {"acc", "policy_keep"},
+}
+
+
+def guess_kind(obj: dict) -> str | None:
+    for kind in ("scored", "task stats", "judgments", "trajectories", "tasks"):
+        if _SIGNATURES[kind] <= obj.keys():
+            return kind
+    return None
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def from_json(cls: type[R], obj: Any, path: str = "") -> R:
+    """Build a `cls` from parsed JSON, checking every field's type."""
+    if not isinstance(obj, dict):
+        raise RlanyError(f"{path or 'record'} must be a JSON object, got {_json_type(obj)}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    has_extra = "extra" in names
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name == "extra":
+            continue
+        key = f"{path}.{f.name}" if path else f.name
+        if f.name not in obj:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise RlanyError(f"missing field '{key}'")
+            continue
+        kwargs[f.name] = _convert(hints[f.name], obj[f.name], key)
+    if has_extra:
+        kwargs["extra"] = {k: v for k, v in obj.items() if k not in names or k == "extra"}
+    return cls(**kwargs)
+
+
+def to_json(record: Any) -> Any:
+    """The inverse of `from_json`: dataclasses become dicts, `extra` is flattened back."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(record):
+            if f.name == "extra":
+                continue
+            out[f.name] = to_json(getattr(record, f.name))
+        extra = getattr(record, "extra", None)
+        if extra:
+            out.update(extra)
+        return out
+    if isinstance(record, list):
+        return [to_json(x) for x in record]
+    if isinstance(record, dict):
+        return {k: to_json(v) for k, v in record.items()}
+    return record
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise RlanyError(f"field '{key}' must not be null")
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise RlanyError(f"field '{key}' must be an array, got {_json_type(value)}")
+        (inner,) = typing.get_args(hint) or (Any,)
+        return [_convert(inner, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(hint):
+        return from_json(hint, value, key)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise RlanyError(f"field '{key}' must be a boolean, got {_json_type(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RlanyError(f"field '{key}' must be an integer, got {_json_type(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RlanyError(f"field '{key}' must be a number, got {_json_type(value)}")
+        if not math.isfinite(value):
+            raise RlanyError(f"field '{key}' must be finite, got {value}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise RlanyError(f"field '{key}' must be a string, got {_json_type(value)}")
+        return value
+    if hint is dict:
+        if not isinstance(value, dict):
+            raise RlanyError(f"field '{key}' must be an object, got {_json_type(value)}")
+        return value
+    raise TypeError(f"records: no converter for {hint!r}")  # a bug in this module, not input

@@ -1,0 +1,241 @@
+"""`rlany score`: integrated policy rewards and consistency rewards for the reward model.
+
+Notation follows the paper (arXiv 2602.02488). For one task q with n trajectories τ_1..τ_n,
+trajectory i has outcome O_i ∈ {-1, +1} and steps t = 0..T_i-1; the judge gave each step m
+verdicts S_itj ∈ {-1, 0, +1} (0 = unparseable).
+
+Policy (integrated feedback):
+    S̄_it = mean_j S_itj                      (all m samples; an unparseable 0 abstains)
+    R_it = O_i + λ · S̄_it                    (λ = 1; --outcome-only means λ = 0)
+    A_it = (R_it - mean_{i'∈I_t} R_i't) / std_{i'∈I_t} R_i't
+           where I_t = trajectories of q that reach step t (population std).
+    A step index reached by one trajectory has no group to compare with: `--lone-step raw`
+    keeps A = R (the reference implementation's choice), `--lone-step zero` drops it.
+    A zero std gives A = 0. Steps with A = 0 are not kept for training.
+
+Reward model (consistency feedback):
+    r_itj = R_it · S_itj, or `--unparseable-penalty` (-2) when S_itj = 0
+    a_itj = standardized r within the m samples of step (i, t)
+    A step whose m verdicts all agree teaches nothing and is not kept; only tasks with
+    rm_acc_min <= acc(q) <= rm_acc_max (0.2, 0.8) give reward-model data.
+
+Task filter for the policy (`--uniform-tasks`): a task whose n rollouts all succeed or all
+fail carries no outcome contrast. `separated` (default) keeps it only if step rewards still
+separate its trajectories at some shared step index; `drop` always drops it; `keep` never does.
+
+Streaming: trajectories are read one task group at a time (a group is the consecutive
+records with one task_id); judgments are read in lockstep and must be in trajectory order,
+which is how `rlany judge` writes them. Memory is bounded by the largest group.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from rlany.errors import RlanyError
+from rlany.records import (Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats,
+                           Trajectory)
+
+EPS_STD = 1e-8  # below this a group's rewards are treated as all equal
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    lam: float = 1.0
+    lone_step: str = "raw"  # raw | zero
+    uniform_tasks: str = "separated"  # separated | drop | keep
+    unparseable_penalty: float = -2.0
+    rm_acc_min: float = 0.2
+    rm_acc_max: float = 0.8
+
+
+Located = tuple[str, object]  # ("path:line", record)
+
+
+def standardize(values: list[float]) -> list[float]:
+    """(v - mean) / population std; all zeros when the values do not differ."""
+    mean = statistics.fmean(values)
+    std = statistics.pstdev(values, mu=mean)
+    if std < EPS_STD:
+        return [0.0] * len(values)
+    return [(v - mean) / std for v in values]
+
+
+def score_stream(trajectories: Iterable[tuple[str, Trajectory]],
+                 judgments: Iterable[tuple[str, Judgment]] | None,
+                 opts: ScoreOptions) -> Iterator[tuple[list[Scored], TaskStats]]:
+    """Yield (scored trajectories, task stats) for each task group, in input order."""
+    for group in _groups(_paired(trajectories, judgments)):
+        yield score_group(group, opts)
+
+
+def _paired(trajectories: Iterable[tuple[str, Trajectory]],
+            judgments: Iterable[tuple[str, Judgment]] | None
+            ) -> Iterator[tuple[str, Trajectory, Judgment | None]]:
+    if judgments is None:
+        for where, traj in trajectories:
+            yield where, traj, None
+        return
+    judged = iter(judgments)
+    for where, traj in trajectories:
+        nxt = next(judged, None)
+        if nxt is None:
+            raise RlanyError(f"no judgment for trajectory '{traj.traj_id}': the judgments "
+                             "file ended early", where=where)
+        jwhere, judgment = nxt
+        if judgment.traj_id != traj.traj_id:
+            raise RlanyError(f"judgment is for '{judgment.traj_id}' but the trajectory at "
+                             f"this position is '{traj.traj_id}' ({where})", where=jwhere,
+                             hint="judgments must be in the order of the trajectories file")
+        _check_judgment(judgment, traj, jwhere)
+        yield where, traj, judgment
+    extra = next(judged, None)
+    if extra is not None:
+        raise RlanyError(f"judgment for '{extra[1].traj_id}' has no trajectory", where=extra[0])
+
+
+def _check_judgment(judgment: Judgment, traj: Trajectory, where: str) -> None:
+    indices = [s.step for s in judgment.steps]
+    if indices != list(range(len(traj.steps))):
+        raise RlanyError(f"judgment covers steps {indices} but the trajectory has "
+                         f"{len(traj.steps)} steps", where=where)
+    for s in judgment.steps:
+        if not s.samples:
+            raise RlanyError(f"step {s.step} has no judge samples", where=where)
+        for sample in s.samples:
+            if sample.score not in (-1, 0, 1):
+                raise RlanyError(f"step {s.step}: score must be -1, 0 or +1, got "
+                                 f"{sample.score}", where=where)
+
+
+def _groups(items: Iterable[tuple[str, Trajectory, Judgment | None]]
+            ) -> Iterator[list[tuple[str, Trajectory, Judgment | None]]]:
+    seen: set[str] = set()
+    group: list[tuple[str, Trajectory, Judgment | None]] = []
+    for item in items:
+        where, traj, _ = item
+        if traj.outcome not in (-1, 1):
+            raise RlanyError(f"outcome must be -1 or +1, got {traj.outcome}", where=where)
+        if group and traj.task_id != group[0][1].task_id:
+            yield group
+            group = []
+        if not group:
+            if traj.task_id in seen:
+                raise RlanyError(f"task '{traj.task_id}' appears again after other tasks; "
+                                 "the samples of one task must be consecutive", where=where)
+            seen.add(traj.task_id)
+        elif any(traj.traj_id == g[1].traj_id for g in group):
+            raise RlanyError(f"duplicate trajectory '{traj.traj_id}'", where=where)
+        group.append(item)
+    if group:
+        yield group
+
+
+def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
+                opts: ScoreOptions) -> tuple[list[Scored], TaskStats]:
+    trajs = [t for _, t, _ in group]
+    judgments = [j for _, _, j in group]
+    n = len(trajs)
+    successes = sum(t.outcome == 1 for t in trajs)
+    acc = successes / n
+
+    # R_it = O_i + λ · mean_j S_itj
+    step_scores = [[_mean_score(j, t) for t in range(len(tr.steps))]
+                   for tr, j in zip(trajs, judgments)]
+    rewards = [[tr.outcome + opts.lam * s for s in scores]
+               for tr, scores in zip(trajs, step_scores)]
+
+    # A_it: standardize R across the trajectories that reach step index t.
+    advantages = [[0.0] * len(r) for r in rewards]
+    separated = False
+    for t in range(max((len(r) for r in rewards), default=0)):
+        members = [i for i, r in enumerate(rewards) if t < len(r)]
+        if len(members) == 1:
+            i = members[0]
+            advantages[i][t] = rewards[i][t] if opts.lone_step == "raw" else 0.0
+            continue
+        std_adv = standardize([rewards[i][t] for i in members])
+        separated |= any(a != 0.0 for a in std_adv)
+        for i, a in zip(members, std_adv):
+            advantages[i][t] = a
+
+    uniform = successes in (0, n)
+    if not uniform:
+        policy_keep, policy_reason = True, "mixed outcomes"
+    elif opts.uniform_tasks == "keep":
+        policy_keep, policy_reason = True, "uniform outcome, kept by --uniform-tasks keep"
+    elif opts.uniform_tasks == "separated" and separated:
+        policy_keep, policy_reason = True, "uniform outcome, step rewards separate"
+    else:
+        policy_keep, policy_reason = False, "uniform outcome"
+
+    rm_keep = opts.rm_acc_min <= acc <= opts.rm_acc_max
+    rm_reason = ("acc within rm range" if rm_keep else
+                 f"acc {acc:.2f} outside [{opts.rm_acc_min}, {opts.rm_acc_max}]")
+
+    scored: list[Scored] = []
+    policy_samples = rm_samples = 0
+    for i, (tr, judgment) in enumerate(zip(trajs, judgments)):
+        steps = []
+        for t, step in enumerate(tr.steps):
+            keep = policy_keep and advantages[i][t] != 0.0
+            policy_samples += keep
+            judge = _consistency(judgment, t, rewards[i][t], rm_keep, opts)
+            rm_samples += sum(s.keep for s in judge)
+            steps.append(ScoredStep(
+                step=t, prompt_messages=step.prompt_messages, response=step.response,
+                step_score=step_scores[i][t], reward=rewards[i][t], advantage=advantages[i][t],
+                keep=keep, judge=judge,
+                judge_messages=judgment.steps[t].judge_messages if judgment else None))
+        scored.append(Scored(traj_id=tr.traj_id, task_id=tr.task_id, iteration=tr.iteration,
+                             sample=tr.sample, outcome=tr.outcome, task_acc=acc, steps=steps,
+                             policy=tr.policy, extra=tr.extra))
+
+    stats = TaskStats(
+        task_id=trajs[0].task_id, n=n, successes=successes, acc=acc,
+        mean_steps=statistics.fmean(len(t.steps) for t in trajs),
+        policy_keep=policy_keep, policy_reason=policy_reason, rm_keep=rm_keep,
+        rm_reason=rm_reason, policy_samples=policy_samples, rm_samples=rm_samples,
+        **_judge_stats(trajs, judgments, step_scores))
+    return scored, stats
+
+
+def _mean_score(judgment: Judgment | None, t: int) -> float:
+    if judgment is None:
+        return 0.0
+    samples = judgment.steps[t].samples
+    return sum(s.score for s in samples) / len(samples)
+
+
+def _consistency(judgment: Judgment | None, t: int, reward: float, rm_keep: bool,
+                 opts: ScoreOptions) -> list[ScoredJudgeSample]:
+    """r_itj = R_it · S_itj (penalty if unparseable), standardized within the m samples."""
+    if judgment is None:
+        return []
+    samples = judgment.steps[t].samples
+    r = [reward * s.score if s.score != 0 else opts.unparseable_penalty for s in samples]
+    a = standardize(r)
+    agree = len({s.score for s in samples}) == 1
+    return [ScoredJudgeSample(text=s.text, score=s.score, reward=ri, advantage=ai,
+                              keep=rm_keep and not agree and ai != 0.0)
+            for s, ri, ai in zip(samples, r, a)]
+
+
+def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
+                 step_scores: list[list[float]]) -> dict:
+    if any(j is None for j in judgments):
+        return {"step_score_mean": None, "parse_fail_rate": None,
+                "judge_outcome_agreement": None}
+    verdicts = [s.score for j in judgments for st in j.steps for s in st.samples]
+    flat = [s for scores in step_scores for s in scores]
+    # A trajectory's judged quality agrees with its outcome when the sign of its mean step
+    # score matches O. Trajectories with no steps or a zero mean count as disagreeing.
+    agree = [(statistics.fmean(s) if s else 0.0) * tr.outcome > 0
+             for tr, s in zip(trajs, step_scores)]
+    return {
+        "step_score_mean": statistics.fmean(flat) if flat else None,
+        "parse_fail_rate": (sum(v == 0 for v in verdicts) / len(verdicts)) if verdicts else None,
+        "judge_outcome_agreement": sum(agree) / len(agree),
+    }

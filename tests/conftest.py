@@ -1,0 +1,56 @@
+"""Shared test helpers: small records built by hand, and the real CLI as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlany.records import (JudgeSample, Judgment, Step, StepJudgment, Trajectory, to_json,
+                           traj_id)
+
+
+def make_traj(task_id: str, sample: int, outcome: int, n_steps: int = 1,
+              iteration: int = 0, **extra) -> Trajectory:
+    steps = [Step(obs=f"obs {t}", prompt_messages=[{"role": "user", "content": f"{task_id} {t}"}],
+                  response=f"act {sample}.{t}", action=f"act {t}", next_obs=f"obs {t + 1}")
+             for t in range(n_steps)]
+    return Trajectory(traj_id=traj_id(task_id, iteration, sample), task_id=task_id,
+                      iteration=iteration, sample=sample, steps=steps, outcome=outcome,
+                      finish="success" if outcome == 1 else "failure",
+                      policy={"model": "test"}, extra=extra)
+
+
+def make_judgment(traj: Trajectory, scores: list[list[int]]) -> Judgment:
+    assert len(scores) == len(traj.steps)
+    return Judgment(traj_id=traj.traj_id, task_id=traj.task_id, judge={"model": "test"},
+                    steps=[StepJudgment(step=t, judge_messages=[{"role": "user", "content": "j"}],
+                                        samples=[JudgeSample(text=f"\\boxed{{{s}}}", score=s)
+                                                 for s in ss])
+                           for t, ss in enumerate(scores)])
+
+
+def write_jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(to_json(r)) + "\n" for r in records))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def run_cli(*args: str, cwd: Path | None = None, stdin: str | None = None,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real `rlany` entry point in a subprocess."""
+    full_env = {**os.environ, "RLANY_DEBUG": "", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "rlany", *args], cwd=cwd, input=stdin,
+                          capture_output=True, text=True, env=full_env, timeout=600)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
