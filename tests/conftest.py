@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlany.records import (JudgeSample, Judgment, Step, StepJudgment, Trajectory, to_json,
-                           traj_id)
+from rlany.records import JudgeSample, Judgment, Step, StepJudgment, Trajectory, to_json, traj_id
 
 
 def make_traj(task_id: str, sample: int, outcome: int, n_steps: int = 1,
@@ -54,3 +53,26 @@ def run_cli(*args: str, cwd: Path | None = None, stdin: str | None = None,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A tiny random-init chat model built locally (about 2 s)."""
+    from rlany.models import make_tiny
+    return str(make_tiny(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lora(tiny_model, tmp_path_factory) -> str:
+    """A LoRA adapter on the tiny model with non-zero B, so it changes the output."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
+                                                  target_modules=["q_proj", "v_proj"]))
+    path = tmp_path_factory.mktemp("lora") / "adapter"
+    peft_model.save_pretrained(path)
+    return str(path)

@@ -6,8 +6,8 @@ import json
 import math
 
 import pytest
-from conftest import make_judgment, make_traj, read_jsonl, write_jsonl
 
+from conftest import make_judgment, make_traj, read_jsonl, write_jsonl
 from rlany.score import ScoreOptions, score_group, score_stream, standardize
 
 

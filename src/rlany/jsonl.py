@@ -21,9 +21,10 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Any, Generic, Iterable, Iterator, TypeVar
+from typing import IO, Any, Generic, TypeVar
 
 from rlany.errors import RlanyError
 from rlany.records import SCHEMA_VERSION, from_json, guess_kind, to_json
@@ -144,7 +145,7 @@ class AtomicJsonl:
         self._tmp: str | None = None
         self._out: IO[str] | None = None
 
-    def __enter__(self) -> "AtomicJsonl":
+    def __enter__(self) -> AtomicJsonl:
         if self.path == "-":
             self._out = sys.stdout
             return self

@@ -31,12 +31,11 @@ which is how `rlany judge` writes them. Memory is bounded by the largest group.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from rlany.errors import RlanyError
-from rlany.records import (Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats,
-                           Trajectory)
+from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
 
 EPS_STD = 1e-8  # below this a group's rewards are treated as all equal
 

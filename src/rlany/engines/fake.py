@@ -1,0 +1,85 @@
+"""Scripted outputs for tests: deterministic, order-independent, no model.
+
+A response is chosen by rule: the first rule whose `match` substring occurs in the last
+message (or a rule without `match`) gives a list of responses, and sample k of a request
+takes `responses[(h + k) % len]` where h is a stable hash of the messages and the seed.
+A script file is JSON: `{"rules": [{"match": "...", "responses": ["..."]}, ...]}` or a bare
+list of responses. Tests may pass any callable `responder(request, k) -> str` instead.
+Every call is recorded (`calls`), so tests can count batched generate calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rlany.engines import Completion, EngineStats, Request, Result
+from rlany.errors import RlanyError
+
+
+class FakeEngine:
+    name = "fake"
+
+    def __init__(self, responder: Callable[[Request, int], str], model: str = "fake",
+                 seed: int = 0):
+        self.responder = responder
+        self.model = model
+        self.seed = seed
+        self.stats = EngineStats()
+        self.calls: list[list[Request]] = []
+
+    @classmethod
+    def from_rules(cls, rules: list[dict], model: str = "fake", seed: int = 0) -> FakeEngine:
+        def respond(request: Request, k: int) -> str:
+            last = request.messages[-1]["content"] if request.messages else ""
+            for rule in rules:
+                if rule.get("match", "") in last:
+                    h = _stable_hash(request.messages, request.sampling.seed or seed)
+                    responses = rule["responses"]
+                    return responses[(h + k) % len(responses)]
+            return ""
+        return cls(respond, model=model, seed=seed)
+
+    @classmethod
+    def from_file(cls, path: str, seed: int = 0) -> FakeEngine:
+        try:
+            script = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise RlanyError(f"cannot read fake engine script: {e}", where=path) from None
+        rules = [{"responses": script}] if isinstance(script, list) else script.get("rules")
+        if not rules or not all(isinstance(r.get("responses"), list) and r["responses"]
+                                for r in rules):
+            raise RlanyError("a fake script is a list of responses or {\"rules\": [{\"match\":"
+                             " str, \"responses\": [str, ...]}]}", where=path)
+        return cls.from_rules(rules, model=path, seed=seed)
+
+    def generate(self, requests: Sequence[Request]) -> list[Result]:
+        start = time.perf_counter()
+        self.calls.append(list(requests))
+        results = []
+        for r in requests:
+            prompt = [0] * sum(len(m["content"].split()) + 4 for m in r.messages)
+            completions = []
+            for k in range(r.sampling.n):
+                text = self.responder(r, k)
+                for stop in r.sampling.stop:
+                    if stop in text:
+                        text = text[:text.find(stop)]
+                words = text.split()[: r.sampling.max_tokens]
+                completions.append(Completion(
+                    text=text, token_ids=list(range(len(words))), finish_reason="stop",
+                    logprobs=[-1.0] * len(words) if r.sampling.logprobs else None))
+            results.append(Result(prompt_token_ids=prompt, completions=completions))
+        self.stats.add(requests, results, time.perf_counter() - start)
+        return results
+
+    def close(self) -> None:
+        pass
+
+
+def _stable_hash(messages: list[dict], seed: int) -> int:
+    data = json.dumps([messages, seed], sort_keys=True).encode()
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big")

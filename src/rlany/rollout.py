@@ -1,0 +1,156 @@
+"""`rlany rollout`: tasks -> trajectories, n episodes per task, all live episodes stepped together.
+
+For a batch of tasks, n episodes per task start from `env.reset(task)`. Each turn makes ONE
+batched `engine.generate` call for every live episode of the batch: episodes of one task
+whose chat history is identical (all n at the first turn) become one request with `n`
+samples, so they share the prompt's KV cache. Each response goes to its episode's
+`env.step`; the step keeps the exact messages the policy saw. An episode ends when the env
+says done (outcome +1 on success, else -1), at `max_steps` (finish "max_steps", outcome -1),
+or when the env raises (finish "error", outcome -1, the message in the step info).
+
+Sampling seeds are derived from (seed, task_id, iteration, turn, sample), so a rerun, or a
+resumed run that redoes a batch, draws the same samples from a seeded engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+
+from rlany.engines import Engine, Request, Sampling
+from rlany.envs import Environment
+from rlany.records import Step, Task, Trajectory, traj_id
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    n: int = 8
+    max_steps: int = 1
+    iteration: int = 0
+    seed: int = 0
+    batch_tasks: int = 16  # tasks whose episodes are stepped together
+    sampling: Sampling = Sampling(max_tokens=256, temperature=1.0)
+    adapter: str | None = None
+    history_turns: int | None = None  # keep only the last K turns in the prompt (None: all)
+
+
+@dataclass
+class _Episode:
+    task: Task
+    sample: int
+    env: Environment
+    messages: list[dict]
+    obs: str = ""  # the observation the next response answers
+    steps: list[Step] = field(default_factory=list)
+    error: str | None = None
+    finish: str | None = None
+    success: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def rollout(tasks: Iterable[Task], engine: Engine, make_env: Callable[[str], Environment],
+            opts: RolloutOptions, policy: dict | None = None) -> Iterator[list[Trajectory]]:
+    """Yield the n trajectories of each task, task by task, in input order."""
+    batch: list[Task] = []
+    for task in tasks:
+        batch.append(task)
+        if len(batch) == opts.batch_tasks:
+            yield from _run_batch(batch, engine, make_env, opts, policy or {})
+            batch = []
+    if batch:
+        yield from _run_batch(batch, engine, make_env, opts, policy or {})
+
+
+def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Environment],
+               opts: RolloutOptions, policy: dict) -> Iterator[list[Trajectory]]:
+    episodes = [_start(task, k, make_env) for task in tasks for k in range(opts.n)]
+    for turn in range(opts.max_steps):
+        live = [e for e in episodes if e.finish is None]
+        if not live:
+            break
+        groups: dict[str, list[_Episode]] = {}
+        for e in live:
+            # one request per (task, history): seeds then do not depend on what else is
+            # in the batch; identical prompts of other tasks still share the prefix cache
+            key = json.dumps([e.task.task_id, _window(e.messages, opts.history_turns)])
+            groups.setdefault(key, []).append(e)
+        members = list(groups.values())
+        requests = [Request(messages=_window(g[0].messages, opts.history_turns),
+                            sampling=replace(opts.sampling, n=len(g),
+                                             seed=_seed(opts, g[0], turn)),
+                            adapter=opts.adapter) for g in members]
+        results = engine.generate(requests)
+        for group, result in zip(members, results):
+            for e, completion in zip(group, result.completions):
+                e.prompt_tokens += len(result.prompt_token_ids)
+                e.completion_tokens += len(completion.token_ids)
+                _advance(e, request_messages=_window(e.messages, opts.history_turns),
+                         response=completion.text, finish_reason=completion.finish_reason)
+        for e in live:
+            if e.finish is None and len(e.steps) >= opts.max_steps:
+                e.finish = "max_steps"
+    for task in tasks:
+        group = [e for e in episodes if e.task.task_id == task.task_id]
+        yield [_trajectory(e, opts, policy) for e in group]
+
+
+def _start(task: Task, sample: int, make_env: Callable[[str], Environment]) -> _Episode:
+    env = make_env(task.env)
+    episode = _Episode(task=task, sample=sample, env=env, messages=[])
+    try:
+        obs = env.reset(task)
+    except Exception as e:  # a broken task must not take the batch down with it
+        episode.finish, episode.error = "error", f"reset: {type(e).__name__}: {e}"
+        return episode
+    first = f"{task.prompt}\n\n{obs}" if task.prompt else obs
+    episode.messages = [{"role": "user", "content": first}]
+    episode.obs = obs
+    return episode
+
+
+def _advance(e: _Episode, request_messages: list[dict], response: str, finish_reason: str) -> None:
+    obs = e.obs
+    try:
+        result = e.env.step(response)
+    except Exception as exc:
+        e.steps.append(Step(obs=obs, prompt_messages=request_messages, response=response,
+                            action=None, next_obs="",
+                            info={"error": f"step: {type(exc).__name__}: {exc}"}))
+        e.finish = "error"
+        return
+    info = dict(result.info)
+    if finish_reason == "length":
+        info["truncated"] = True
+    e.steps.append(Step(obs=obs, prompt_messages=request_messages, response=response,
+                        action=result.action, next_obs=result.obs, info=info))
+    if result.done:
+        e.finish, e.success = ("success" if result.success else "failure"), result.success
+        return
+    e.messages = e.messages + [{"role": "assistant", "content": response},
+                               {"role": "user", "content": result.obs}]
+    e.obs = result.obs
+
+
+def _window(messages: list[dict], turns: int | None) -> list[dict]:
+    """The first user message (the task) plus the last `turns` exchanges."""
+    if turns is None or len(messages) <= 1 + 2 * turns:
+        return messages
+    return messages[:1] + messages[len(messages) - 2 * turns:] if turns else messages[:1]
+
+
+def _seed(opts: RolloutOptions, e: _Episode, turn: int) -> int:
+    key = f"{opts.seed}/{e.task.task_id}/{opts.iteration}/{turn}/{e.sample}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def _trajectory(e: _Episode, opts: RolloutOptions, policy: dict) -> Trajectory:
+    finish = e.finish or "max_steps"
+    return Trajectory(traj_id=traj_id(e.task.task_id, opts.iteration, e.sample),
+                      task_id=e.task.task_id, iteration=opts.iteration, sample=e.sample,
+                      steps=e.steps, outcome=1 if e.success else -1, finish=finish,
+                      policy=policy, prompt_tokens=e.prompt_tokens,
+                      completion_tokens=e.completion_tokens,
+                      extra={"error": e.error} if e.error else {})

@@ -1,0 +1,203 @@
+"""rollout and judge with the fake engine: grouping, ids, batching, prompt sharing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import read_jsonl, write_jsonl
+from rlany import envs
+from rlany.engines import Sampling
+from rlany.engines.fake import FakeEngine
+from rlany.envs import StepResult
+from rlany.envs.reasoning import extract_answer, make_tasks
+from rlany.judge import JudgeOptions, judge
+from rlany.prompts import parse_verdict
+from rlany.records import Task
+from rlany.rollout import RolloutOptions, rollout
+
+
+class ThreeTurns:
+    """Test env: three turns; success when every response says 'go'."""
+
+    name = "three"
+
+    def reset(self, task):
+        self.turn, self.ok = 0, True
+        return "turn 0"
+
+    def step(self, response):
+        self.turn += 1
+        self.ok &= "go" in response
+        done = self.turn == 3
+        return StepResult(obs=f"turn {self.turn}", done=done, success=done and self.ok,
+                          action=response.strip())
+
+    def describe(self, task):
+        return "say go three times"
+
+    def validate(self, spec):
+        return []
+
+
+def three_tasks(k):
+    return [Task(task_id=f"t{i}", env="three", spec={}, prompt="Say go.") for i in range(k)]
+
+
+def test_three_turn_episodes_make_three_batched_calls():
+    eng = FakeEngine.from_rules([{"responses": ["go", "go", "stop"]}])
+    opts = RolloutOptions(n=4, max_steps=5, batch_tasks=8)
+    groups = list(rollout(three_tasks(2), eng, lambda name: ThreeTurns(), opts))
+    assert len(eng.calls) == 3                       # one batched call per turn, not 3 x n
+    first = eng.calls[0]
+    assert len(first) == 2 and all(r.sampling.n == 4 for r in first)   # n samples share a prompt
+    assert sum(r.sampling.n for r in eng.calls[1]) == 8                 # all live episodes
+    assert [len(g) for g in groups] == [4, 4]
+    t = groups[0][0]
+    assert t.traj_id == "t0/0/0" and [x.sample for x in groups[0]] == [0, 1, 2, 3]
+    assert len(t.steps) == 3 and t.finish in ("success", "failure")
+    # the exact messages the policy saw: the task, then alternating assistant/user turns
+    assert [m["role"] for m in t.steps[2].prompt_messages] == ["user", "assistant", "user",
+                                                               "assistant", "user"]
+    assert t.steps[1].prompt_messages[-1]["content"] == "turn 1"
+    assert all(x.outcome == (1 if x.finish == "success" else -1) for g in groups for x in g)
+
+
+def test_max_steps_and_env_errors_are_recorded_not_fatal():
+    class Broken(ThreeTurns):
+        def step(self, response):
+            raise ValueError("boom")
+
+    eng = FakeEngine.from_rules([{"responses": ["go"]}])
+    capped = list(rollout(three_tasks(1), eng, lambda n: ThreeTurns(), RolloutOptions(n=2, max_steps=2)))
+    assert all(t.finish == "max_steps" and t.outcome == -1 and len(t.steps) == 2 for t in capped[0])
+    broken = list(rollout(three_tasks(1), eng, lambda n: Broken(), RolloutOptions(n=2, max_steps=3)))
+    assert all(t.finish == "error" and "boom" in t.steps[0].info["error"] for t in broken[0])
+
+
+def test_rollout_is_deterministic_with_seeded_fake_engine():
+    tasks = make_tasks(6, seed=3)
+    eng = FakeEngine.from_rules([{"responses": ["\\boxed{7}", "I think 12", "answer: 9"]}])
+    a = list(rollout(tasks, eng, envs.make_env, RolloutOptions(n=3)))
+    b = list(rollout(tasks, eng, envs.make_env, RolloutOptions(n=3, batch_tasks=2)))
+    assert a == b
+
+
+def test_judge_m_samples_share_one_prompt_and_keep_order():
+    tasks = make_tasks(3, seed=0)
+    pol = FakeEngine.from_rules([{"responses": ["\\boxed{1}", "\\boxed{12}"]}])
+    trajs = [t for g in rollout(tasks, pol, envs.make_env, RolloutOptions(n=2)) for t in g]
+    jud = FakeEngine.from_rules([{"responses": ["fine \\boxed{+1}", "bad \\boxed{-1}", "hmm"]}])
+    out = [j for g in judge(trajs, jud, JudgeOptions(m=3, batch_trajectories=100)) for j in g]
+    assert len(jud.calls) == 1 and all(r.sampling.n == 3 for r in jud.calls[0])
+    assert [j.traj_id for j in out] == [t.traj_id for t in trajs]
+    scores = sorted(s.score for s in out[0].steps[0].samples)
+    assert scores == [-1, 0, 1]
+    # the judge sees the task, the response and what happened next
+    user = out[0].steps[0].judge_messages[-1]["content"]
+    assert trajs[0].steps[0].response in user and "What is" in user
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("The step is right. \\boxed{+1}", 1),
+    ("\\boxed{1}", 1),
+    ("\\boxed{-1}", -1),
+    ("\\boxed{ -1 }", -1),
+    ("\\boxed{−1}", -1),                      # unicode minus
+    ("\\boxed{–1}", -1),                      # en dash
+    ("$\\boxed{+1}$", 1),
+    ("\\boxed{\\text{-1}}", -1),
+    ("\\boxed{1.0}", 1),
+    ("first \\boxed{-1} then on reflection \\boxed{+1}", 1),   # the last verdict wins
+    ("\\boxed{correct}", 1),
+    ("\\boxed{Incorrect}", -1),
+    ("\\boxed{2}", 0),
+    ("\\boxed{}", 0),
+    ("\\boxed{+1 or -1}", 0),
+    ("no verdict at all", 0),
+    ("", 0),
+    ("Verdict: -1", -1),
+    ("Score: +1", 1),
+    ("verdict is **-1**", -1),
+    ("\\boxed{+1", 0),                        # unclosed
+    ("I give it 1 out of 10", 0),
+    ("\\boxed{{+1}}", 1),
+    ("boxed{+1}", 0),                         # no backslash: not a verdict
+])
+def test_parse_verdict(text, expected):
+    assert parse_verdict(text) == expected
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("so \\boxed{12}", "12"), ("The answer is 7.", "7"), ("3 + 4 = 7", "7"), ("nothing", None),
+])
+def test_extract_answer(text, answer):
+    assert extract_answer(text) == answer
+
+
+def test_cli_rollout_judge_score_with_fake_engine(tmp_path, cli):
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(4, seed=1))
+    answers = [t.spec["answer"] for t in make_tasks(4, seed=1)]
+    pol = tmp_path / "policy.json"
+    pol.write_text(json.dumps([f"\\boxed{{{answers[0]}}}", "\\boxed{0}"]))
+    jud = tmp_path / "judge.json"
+    jud.write_text(json.dumps({"rules": [{"responses": ["ok \\boxed{+1}", "no \\boxed{-1}"]}]}))
+    r = cli("rollout", "-i", str(tasks), "-o", str(tmp_path / "traj.jsonl"), "--engine", "fake",
+            "--model", str(pol), "--n", "4")
+    assert r.returncode == 0, r.stderr
+    assert "tokens/s" in r.stderr and r.stdout == ""
+    trajs = read_jsonl(tmp_path / "traj.jsonl")
+    assert len(trajs) == 16 and [t["task_id"] for t in trajs[:4]] == ["arith-1-0000"] * 4
+    r = cli("judge", "-i", str(tmp_path / "traj.jsonl"), "-o", str(tmp_path / "j.jsonl"),
+            "--engine", "fake", "--model", str(jud), "--m", "3")
+    assert r.returncode == 0, r.stderr
+    assert "unparseable" in r.stderr
+    r = cli("score", "-i", str(tmp_path / "traj.jsonl"), "-j", str(tmp_path / "j.jsonl"),
+            "-o", str(tmp_path / "scored.jsonl"))
+    assert r.returncode == 0, r.stderr
+    assert len(read_jsonl(tmp_path / "task_stats.jsonl")) == 4
+
+
+def test_cli_rollout_resumes_after_partial_output(tmp_path, cli):
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(5, seed=2))
+    pol = tmp_path / "policy.json"
+    pol.write_text(json.dumps(["\\boxed{3}", "\\boxed{4}"]))
+    args = ["--engine", "fake", "--model", str(pol), "--n", "2", "--batch-tasks", "1"]
+    full = tmp_path / "full.jsonl"
+    assert cli("rollout", "-i", str(tasks), "-o", str(full), *args).returncode == 0
+    # simulate a kill after two complete tasks and half of the third
+    out = tmp_path / "out.jsonl"
+    lines = full.read_text().splitlines(keepends=True)
+    partial = tmp_path / "out.jsonl.partial"
+    partial.write_text("".join(lines[:5]) + lines[5][:20])
+    ends = [len("".join(lines[:4])), len("".join(lines[:4]))]
+    idx = [{"key": "arith-2-0000", "end": len("".join(lines[:2])), "records": 2},
+           {"key": "arith-2-0001", "end": ends[0], "records": 2}]
+    (tmp_path / "out.jsonl.partial.idx").write_text("".join(json.dumps(i) + "\n" for i in idx))
+    r = cli("rollout", "-i", str(tasks), "-o", str(out), *args)
+    assert r.returncode == 0, r.stderr
+    assert "resuming, 2 of 5" in r.stderr
+    assert out.read_bytes() == full.read_bytes()
+    assert not partial.exists()
+
+
+def test_cli_unknown_env_names_the_line(tmp_path, cli):
+    tasks = make_tasks(3, seed=0)
+    rows = [json.loads(json.dumps(__import__("rlany.records", fromlist=["to_json"]).to_json(t)))
+            for t in tasks]
+    rows[1]["env"] = "nope"
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = cli("rollout", "-i", str(path), "-o", str(tmp_path / "t.jsonl"), "--engine", "fake",
+            "--model", "x")
+    assert r.returncode == 1 and f"{path}:2: unknown environment 'nope'" in r.stderr
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_fake_engine_sampling_params_pass_through():
+    eng = FakeEngine.from_rules([{"responses": ["a STOP b"]}])
+    from rlany.engines import Request
+    res = eng.generate([Request(messages=[{"role": "user", "content": "x"}],
+                                sampling=Sampling(n=2, stop=("STOP",)))])
+    assert [c.text for c in res[0].completions] == ["a ", "a "]
