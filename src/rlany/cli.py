@@ -371,6 +371,140 @@ def judge(
 
 
 # ---------------------------------------------------------------------------------------
+# train-policy / train-rm: one loop (rlany.train), two sample extractors
+
+TrainInput = Annotated[str, typer.Option("-i", "--input", help="scored.jsonl from `rlany score`.")]
+TrainOutput = Annotated[str, typer.Option(
+    "-o", "--output", help="Checkpoint directory to write (a PEFT adapter, or a full model "
+    "with --full). It appears only when complete.")]
+BaseModelOpt = Annotated[str, typer.Option(
+    "--model", help="Base model: `smollm2`, a local HF directory, or a hub id.")]
+InitAdapterOpt = Annotated[Optional[str], typer.Option(
+    "--adapter", help="Continue training this LoRA adapter (or, with --full, this model dir).")]
+LrOpt = Annotated[float, typer.Option(help="AdamW learning rate (LoRA default; full "
+                                      "fine-tuning wants ~1e-6).")]
+EpochsOpt = Annotated[int, typer.Option(help="Passes over the samples.")]
+MicroOpt = Annotated[int, typer.Option(help="Sequences per forward/backward.")]
+AccumOpt = Annotated[int, typer.Option(help="Micro-batches per optimizer step (per process).")]
+ClipOpt = Annotated[float, typer.Option(help="PPO clip epsilon.")]
+KlOpt = Annotated[float, typer.Option(help="k3 KL weight against the pre-update policy.")]
+MaxLenOpt = Annotated[int, typer.Option(help="Longest prompt+response in tokens; longer "
+                                        "samples are dropped whole.")]
+FullOpt = Annotated[bool, typer.Option(help="Full fine-tuning instead of LoRA.")]
+LoraROpt = Annotated[int, typer.Option(help="LoRA rank.")]
+LoraAlphaOpt = Annotated[int, typer.Option(help="LoRA alpha.")]
+TargetsOpt = Annotated[str, typer.Option(help="LoRA target modules: all-linear or a comma list "
+                                         "such as q_proj,v_proj.")]
+TrainDtypeOpt = Annotated[str, typer.Option(help="Training dtype: float32 or bfloat16.")]
+MaxStepsOpt = Annotated[Optional[int], typer.Option(help="Stop after this many optimizer steps.")]
+IterationOpt = Annotated[int, typer.Option(help="Loop iteration, recorded in rlany.json.")]
+
+
+def _train_command(kind: str, input: str, output: str, model: str, adapter: str | None,
+                   opts_kwargs: dict, iteration: int) -> None:
+    from rlany.console import info as say
+    from rlany.jsonl import JsonlReader, write_text_atomic
+    from rlany.models import resolve_model
+    from rlany.records import Scored
+    from rlany.train import TrainOptions, load_model, policy_samples, rm_samples, tokenize, train
+
+    started = time.time()
+    opts = TrainOptions(**opts_kwargs)
+    _positive(epochs=opts.epochs, micro_batch_size=opts.micro_batch, grad_accum=opts.grad_accum,
+              max_len=opts.max_len)
+    out = Path(output)
+    if (out / "rlany.json").exists():
+        raise RlanyError("checkpoint already exists", where=output,
+                         hint="choose another --output or delete it")
+    if out.exists():
+        raise RlanyError("output exists and is not a finished checkpoint", where=output)
+    if adapter and not opts.full:
+        _check_adapter(adapter)
+    base = resolve_model(model)
+    reader = JsonlReader(input, Scored, "scored")
+    extract = policy_samples if kind == "policy" else rm_samples
+    net, tokenizer = load_model(base, adapter, opts)
+    samples, dropped = tokenize(tokenizer, extract(s for _, s in reader), opts.max_len)
+    if not samples:
+        raise RlanyError(f"no training samples (kept samples: 0, dropped as too long: "
+                         f"{dropped})", where=input,
+                         hint="every step had zero advantage or keep=false; see task_stats")
+    metrics_path = out.with_name(out.name + ".metrics.jsonl")
+    metrics_lines: list[str] = []
+
+    def log(record: dict) -> None:
+        import json as _json
+        metrics_lines.append(_json.dumps(record))
+        write_text_atomic(metrics_path, "\n".join(metrics_lines) + "\n")
+        if "loss" in record:
+            say(f"{kind} step {record['step']}/{record['of']}: loss {record['loss']:+.4f} "
+                f"kl {record['kl']:.4f} clip {record['clip_frac']:.3f} "
+                f"grad {record['grad_norm']:.3f} {record['tokens_per_s']:.0f} tok/s")
+
+    meta = {"kind": kind, "base_model": base, "init_adapter": adapter, "iteration": iteration,
+            "data": str(input), "data_sha256": _sha256(input), "samples": len(samples),
+            "dropped_too_long": dropped}
+    say(f"train-{kind}: {len(samples)} samples ({dropped} dropped as longer than "
+        f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}")
+    summary = train(samples, net, tokenizer, opts, out, meta, log)
+    say(f"train-{kind}: {summary['steps']} optimizer steps -> {output} "
+        f"({time.time() - started:.1f}s)")
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@app.command("train-policy", epilog=_example(
+    "rlany train-policy -i scored.jsonl -o ckpt/policy-1 --model smollm2",
+    "rlany train-policy -i scored.jsonl -o ckpt/policy-2 --model smollm2 --adapter ckpt/policy-1",
+    "accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml -m rlany train-policy "
+    "-i scored.jsonl -o ckpt/p --model Qwen/Qwen2.5-7B-Instruct"))
+def train_policy(
+    input: TrainInput, output: TrainOutput, model: BaseModelOpt = "smollm2",
+    adapter: InitAdapterOpt = None, lr: LrOpt = 2e-5, epochs: EpochsOpt = 1,
+    micro_batch_size: MicroOpt = 4, grad_accum: AccumOpt = 2, clip_eps: ClipOpt = 0.2,
+    kl_beta: KlOpt = 0.01, max_len: MaxLenOpt = 1024, full: FullOpt = False,
+    lora_r: LoraROpt = 16, lora_alpha: LoraAlphaOpt = 32, target_modules: TargetsOpt = "all-linear",
+    dtype: TrainDtypeOpt = "float32", max_steps: MaxStepsOpt = None, seed: SeedOpt = 0,
+    iteration: IterationOpt = 0,
+) -> None:
+    """Update the policy with PPO-clip on the kept scored steps (prompt messages -> response,
+    weighted by the step advantage). Writes a LoRA adapter that `rollout --adapter` uses."""
+    _train_command("policy", input, output, model, adapter, dict(
+        lr=lr, epochs=epochs, micro_batch=micro_batch_size, grad_accum=grad_accum,
+        clip_eps=clip_eps, kl_beta=kl_beta, max_len=max_len, full=full, lora_r=lora_r,
+        lora_alpha=lora_alpha, target_modules=target_modules, dtype=dtype,
+        max_steps=max_steps, seed=seed), iteration)
+
+
+@app.command("train-rm", epilog=_example(
+    "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2",
+    "rlany judge -i traj.jsonl -o judgments.jsonl --model smollm2 --adapter ckpt/rm-1"))
+def train_rm(
+    input: TrainInput, output: TrainOutput, model: BaseModelOpt = "smollm2",
+    adapter: InitAdapterOpt = None, lr: LrOpt = 2e-5, epochs: EpochsOpt = 1,
+    micro_batch_size: MicroOpt = 4, grad_accum: AccumOpt = 2, clip_eps: ClipOpt = 0.2,
+    kl_beta: KlOpt = 0.01, max_len: MaxLenOpt = 1536, full: FullOpt = False,
+    lora_r: LoraROpt = 16, lora_alpha: LoraAlphaOpt = 32, target_modules: TargetsOpt = "all-linear",
+    dtype: TrainDtypeOpt = "float32", max_steps: MaxStepsOpt = None, seed: SeedOpt = 0,
+    iteration: IterationOpt = 0,
+) -> None:
+    """Update the generative reward model with consistency feedback: each kept judge sample
+    (judge prompt -> its reasoning and verdict) weighted by its consistency advantage."""
+    _train_command("rm", input, output, model, adapter, dict(
+        lr=lr, epochs=epochs, micro_batch=micro_batch_size, grad_accum=grad_accum,
+        clip_eps=clip_eps, kl_beta=kl_beta, max_len=max_len, full=full, lora_r=lora_r,
+        lora_alpha=lora_alpha, target_modules=target_modules, dtype=dtype,
+        max_steps=max_steps, seed=seed), iteration)
+
+
+# ---------------------------------------------------------------------------------------
 # models and envs
 
 models_app = typer.Typer(help="Prepare model directories (no model hub needed).",
@@ -484,8 +618,6 @@ def envs_make_tasks(
 # Stages not built yet: they say so and exit non-zero, never pretend.
 
 _NOT_BUILT = {
-    "train-policy": ("scored steps -> a new policy adapter (PPO-clip)", 5),
-    "train-rm": ("scored judge samples -> a new reward-model adapter", 5),
     "adapt-tasks": ("tasks + stats + critiques -> rewritten candidate tasks", 6),
     "loop": ("run the whole closed loop from a config, resumable", 6),
     "eval": ("a policy on held-out tasks: success rate, pass@k", 6),

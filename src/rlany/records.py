@@ -118,6 +118,7 @@ class ScoredStep:
     reward: float  # R_i = O + lambda * step_score
     advantage: float  # standardized across the task's trajectories at this step index
     keep: bool  # used for policy training
+    truncated: bool = False  # the response hit max_tokens: trained without a closing EOS
     judge_messages: list[dict] | None = None
     judge: list[ScoredJudgeSample] = field(default_factory=list)
 

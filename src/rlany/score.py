@@ -186,7 +186,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
             steps.append(ScoredStep(
                 step=t, prompt_messages=step.prompt_messages, response=step.response,
                 step_score=step_scores[i][t], reward=rewards[i][t], advantage=advantages[i][t],
-                keep=keep, judge=judge,
+                keep=keep, judge=judge, truncated=bool(step.info.get("truncated", False)),
                 judge_messages=judgment.steps[t].judge_messages if judgment else None))
         scored.append(Scored(traj_id=tr.traj_id, task_id=tr.task_id, iteration=tr.iteration,
                              sample=tr.sample, outcome=tr.outcome, task_acc=acc, steps=steps,

@@ -1,0 +1,177 @@
+"""Training: the loss by hand, and the loop on a tiny local model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import make_judgment, make_traj, write_jsonl
+from rlany.losses import ppo_clip_loss, token_logprobs
+from rlany.score import ScoreOptions, score_group
+from rlany.train import Sample, TrainOptions, load_model, plan_steps, tokenize, train
+
+
+def test_ppo_clip_loss_by_hand():
+    # two sequences, three token slots; the last slot of sequence 2 is padding
+    logp = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]))
+    old = torch.log(torch.tensor([[0.25, 0.5, 0.45], [0.25, 0.5, 0.9]]))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([1.0, -1.0])
+    parts = ppo_clip_loss(logp, old, None, adv, mask, clip_eps=0.2)
+    # ratios: seq1 [2, 1, 1.111], seq2 [2, 1, (pad)]
+    # A>0: pg = max(-r, -clip(r)) = -min(r, clip(r)): [-1.2, -1, -1.1111]
+    # A<0: pg = max(r, clip(r)): [2, 1]
+    seq1 = (-1.2 - 1.0 - 0.5 / 0.45) / 3
+    seq2 = (2.0 + 1.0) / 2
+    assert parts.loss.item() == pytest.approx((seq1 + seq2) / 2, rel=1e-6)
+    # clipped branch taken at seq1 token 0 only (ratio 2 > 1.2 with A > 0); seq2 token 0
+    # has ratio 2 with A < 0: unclipped -A*r = 2 > clipped 1.2, so not clipped
+    assert parts.clip_frac == pytest.approx(1 / 5)
+    assert parts.tokens == 5
+    # the normalizer divides once: the same sum over 4 sequences' worth
+    half = ppo_clip_loss(logp, old, None, adv, mask, clip_eps=0.2, normalizer=4)
+    assert half.loss.item() == pytest.approx(parts.loss.item() / 2)
+
+
+def test_k3_kl_is_zero_at_the_snapshot_and_positive_away():
+    logp = torch.log(torch.tensor([[0.5, 0.2]]))
+    mask = torch.ones(1, 2)
+    adv = torch.zeros(1)
+    at = ppo_clip_loss(logp, logp, logp, adv, mask, kl_beta=0.1)
+    assert at.kl == 0.0 and at.loss.item() == 0.0
+    ref = torch.log(torch.tensor([[0.25, 0.2]]))
+    away = ppo_clip_loss(logp, logp, ref, adv, mask, kl_beta=0.1)
+    d = math.log(0.25 / 0.5)
+    assert away.kl == pytest.approx((math.exp(d) - d - 1) / 2)
+    assert away.loss.item() == pytest.approx(0.1 * away.kl)
+
+
+def test_token_logprobs_matches_log_softmax():
+    logits = torch.randn(2, 5, 7)
+    ids = torch.randint(0, 7, (2, 5))
+    want = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    assert torch.allclose(token_logprobs(logits, ids), want, atol=1e-6)
+
+
+def _samples(tokenizer, n=8):
+    raw = [([{"role": "user", "content": f"What is {i} + {i}?"}], f"It is {2 * i}.",
+            (1.0 + i) if i % 2 else -0.5, True) for i in range(n)]  # loss != 0 at step 1
+    return tokenize(tokenizer, raw, max_len=512)[0]
+
+
+def _lora_params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _train(tiny_model, tmp_path, name, samples=None, **kw):
+    opts = TrainOptions(lr=1e-2, seed=0, **kw)
+    model, tok = load_model(tiny_model, None, opts)
+    samples = samples if samples is not None else _samples(tok)
+    logs = []
+    train(samples, model, tok, opts, tmp_path / name, {"data_sha256": "x"}, logs.append)
+    return model, logs
+
+
+def test_eos_closes_each_response_and_long_samples_drop_whole(tiny_model):
+    _, tok = load_model(tiny_model, None, TrainOptions())
+    raw = [([{"role": "user", "content": "short"}], "ok", 0.5, True),
+           ([{"role": "user", "content": "long " * 400}], "ok", -7.0, True),
+           ([{"role": "user", "content": "cut"}], "partial", 0.25, False)]
+    kept, dropped = tokenize(tok, raw, max_len=64)
+    assert dropped == 1
+    # the long prompt went away together with its own advantage: nothing shifted
+    assert [s.advantage for s in kept] == [0.5, 0.25]
+    assert kept[0].response_ids[-1] == tok.eos_token_id
+    assert kept[1].response_ids[-1] != tok.eos_token_id   # truncated: no EOS taught
+
+
+def test_a_step_changes_the_adapter_and_writes_a_loadable_checkpoint(tiny_model, tmp_path):
+    opts = TrainOptions(lr=1e-2, micro_batch=4, grad_accum=1, max_steps=1)
+    model, tok = load_model(tiny_model, None, opts)
+    before = _lora_params(model)
+    logs = []
+    train(_samples(tok), model, tok, opts, tmp_path / "ckpt", {"data_sha256": "x"}, logs.append)
+    after = _lora_params(model)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert logs[-1]["step"] == 1 and logs[-1]["tokens"] > 0
+    ckpt = tmp_path / "ckpt"
+    assert (ckpt / "adapter_config.json").exists() and (ckpt / "rlany.json").exists()
+    assert not (tmp_path / "ckpt.partial").exists() and not (tmp_path / "ckpt.tmp").exists()
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), ckpt)
+
+
+def test_batch_4_accum_1_equals_batch_1_accum_4(tiny_model, tmp_path):
+    # Compared before the optimizer: Adam's first step is ~lr*sign(g), so parameters would
+    # amplify float noise in near-zero gradients. Loss and gradient norm of the step are
+    # what a double (or missing) division under accumulation would change.
+    _, la = _train(tiny_model, tmp_path, "a", micro_batch=4, grad_accum=1, max_steps=1)
+    _, lb = _train(tiny_model, tmp_path, "b", micro_batch=1, grad_accum=4, max_steps=1)
+    assert la[0]["loss"] == pytest.approx(lb[0]["loss"], rel=1e-5, abs=1e-7)
+    assert la[0]["grad_norm"] == pytest.approx(lb[0]["grad_norm"], rel=1e-4)
+    assert la[0]["tokens"] == lb[0]["tokens"]
+    _, lc = _train(tiny_model, tmp_path, "c", micro_batch=2, grad_accum=2, max_steps=1,
+                   max_grad_norm=1e9)
+    assert lc[0]["grad_norm"] == pytest.approx(la[0]["grad_norm"], rel=1e-4)
+
+
+def test_resume_continues_from_the_saved_step(tiny_model, tmp_path):
+    full, full_logs = _train(tiny_model, tmp_path, "full", micro_batch=2, grad_accum=1)
+    assert len(full_logs) == 4
+
+    class Killed(Exception):
+        pass
+
+    opts = TrainOptions(lr=1e-2, seed=0, micro_batch=2, grad_accum=1)
+    model, tok = load_model(tiny_model, None, opts)
+
+    def die_after_two(record):
+        if record.get("step") == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(_samples(tok), model, tok, opts, tmp_path / "resumed", {"data_sha256": "x"},
+              die_after_two)
+    assert (tmp_path / "resumed.partial" / "state.pt").exists()
+    assert not (tmp_path / "resumed").exists()          # no half checkpoint
+    model, tok = load_model(tiny_model, None, opts)
+    logs = []
+    train(_samples(tok), model, tok, opts, tmp_path / "resumed", {"data_sha256": "x"},
+          logs.append)
+    assert logs[0] == {"event": "resume", "step": 1}
+    assert [r["step"] for r in logs[1:]] == [2, 3, 4]
+    pf, pr = _lora_params(full), _lora_params(model)
+    for k in pf:
+        assert torch.allclose(pf[k], pr[k], atol=1e-5), k
+
+
+def test_plan_covers_every_sample_once_per_epoch():
+    samples = [Sample([1], [2], 0.0) for _ in range(10)]
+    steps = plan_steps(samples, TrainOptions(micro_batch=2, grad_accum=2, epochs=2), world=1)
+    flat = [i for s in steps for i in s]
+    assert sorted(flat) == sorted(list(range(10)) * 2) and len(steps) == 6
+
+
+def test_cli_train_policy_then_train_rm(tiny_model, tmp_path, cli):
+    trajs = [make_traj("q", i, +1 if i < 2 else -1, n_steps=2) for i in range(4)]
+    scores = [[[1, -1, 1], [1, 1, -1]], [[1, 1, 1], [-1, 1, 1]],
+              [[-1, -1, 1], [-1, 1, -1]], [[1, -1, -1], [-1, -1, -1]]]
+    scored, _ = score_group([(f"x:{i}", t, make_judgment(t, s))
+                             for i, (t, s) in enumerate(zip(trajs, scores))], ScoreOptions())
+    data = write_jsonl(tmp_path / "scored.jsonl", scored)
+    r = cli("train-policy", "-i", str(data), "-o", str(tmp_path / "policy"), "--model",
+            tiny_model, "--micro-batch-size", "2", "--grad-accum", "2")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "policy" / "rlany.json").read_text())
+    assert meta["kind"] == "policy" and meta["samples"] == 8 and meta["metrics"]["steps"] == 2
+    assert len((tmp_path / "policy.metrics.jsonl").read_text().splitlines()) == 2
+    r = cli("train-rm", "-i", str(data), "-o", str(tmp_path / "rm"), "--model", tiny_model)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "rm" / "rlany.json").read_text())["kind"] == "rm"
+    # a finished checkpoint is never overwritten
+    r = cli("train-rm", "-i", str(data), "-o", str(tmp_path / "rm"), "--model", tiny_model)
+    assert r.returncode == 1 and "already exists" in r.stderr
