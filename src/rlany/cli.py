@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from contextlib import nullcontext
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -86,11 +85,9 @@ def score(
 ) -> None:
     """Integrated step rewards and advantages for the policy, consistency rewards for the
     reward model, and per-task accuracy. Streams one task group at a time."""
-    from rlany.jsonl import AtomicJsonl, JsonlReader, write_meta
-    from rlany.records import Judgment, Trajectory
-    from rlany.score import ScoreOptions, score_stream
+    from rlany.runner import run_score
+    from rlany.score import ScoreOptions
 
-    started = time.time()
     if outcome_only and lam not in (None, 0.0):
         raise RlanyError(f"--outcome-only means lambda = 0, but --lam {lam} was given",
                          hint="pass one of them")
@@ -104,35 +101,10 @@ def score(
     if stats is None and output != "-":
         stats = str(Path(output).with_name("task_stats.jsonl"))
     _refuse_same_file(input, judgments, output, stats)
-
-    traj_reader = JsonlReader(input, Trajectory, "trajectories")
-    judge_reader = JsonlReader(judgments, Judgment, "judgments") if judgments else None
-    n_tasks = n_traj = policy_samples = rm_samples = 0
-    acc_sum = 0.0
-    with AtomicJsonl(output) as out, (AtomicJsonl(stats) if stats else nullcontext()) as st:
-        for scored, task_stats in score_stream(traj_reader, judge_reader, opts):
-            out.write_all(scored)
-            if st:
-                st.write(task_stats)
-            n_tasks += 1
-            n_traj += len(scored)
-            acc_sum += task_stats.acc
-            policy_samples += task_stats.policy_samples
-            rm_samples += task_stats.rm_samples
-    counts = {"tasks": n_tasks, "trajectories": n_traj, "policy_samples": policy_samples,
-              "rm_samples": rm_samples, "mean_acc": acc_sum / max(n_tasks, 1)}
-    flags = {"lam": opts.lam, "lone_step": opts.lone_step, "uniform_tasks": opts.uniform_tasks,
-             "unparseable_penalty": opts.unparseable_penalty, "rm_acc_min": rm_acc_min,
-             "rm_acc_max": rm_acc_max, "stats": stats}
-    inputs = [traj_reader] + ([judge_reader] if judge_reader else [])
-    write_meta(output, stage="score", flags=flags, inputs=inputs, counts=counts,
-               started=started)
-    if stats:
-        write_meta(stats, stage="score", flags=flags, inputs=inputs, counts=counts,
-                   started=started)
-    info(f"score: {n_traj} trajectories in {n_tasks} tasks, mean acc {counts['mean_acc']:.3f}, "
-         f"{policy_samples} policy samples, {rm_samples} reward-model samples -> {output} "
-         f"({time.time() - started:.1f}s)")
+    run_score(input, judgments, output, stats, opts, flags={
+        "lam": opts.lam, "lone_step": opts.lone_step, "uniform_tasks": opts.uniform_tasks,
+        "unparseable_penalty": opts.unparseable_penalty, "rm_acc_min": rm_acc_min,
+        "rm_acc_max": rm_acc_max, "stats": stats})
 
 
 def _refuse_same_file(*paths: str | None) -> None:
@@ -191,12 +163,6 @@ def _positive(**values: int) -> None:
             raise RlanyError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
-def _tokens_per_s(engine) -> str:
-    s = engine.stats
-    rate = s.completion_tokens / s.seconds if s.seconds else 0.0
-    return f"{s.completion_tokens} tokens in {s.calls} generate calls, {rate:.0f} tokens/s"
-
-
 # ---------------------------------------------------------------------------------------
 # rollout
 
@@ -230,64 +196,23 @@ def rollout(
 ) -> None:
     """Roll out the policy: n episodes per task, multi-turn, all live episodes stepped in one
     batched generate call per turn. Writes the n trajectories of each task together."""
-    from rlany import envs
     from rlany.engines import Sampling
-    from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
-    from rlany.records import Task
     from rlany.rollout import RolloutOptions
-    from rlany.rollout import rollout as run_rollout
+    from rlany.runner import read_tasks, run_rollout
 
-    started = time.time()
     _positive(n=n, max_steps=max_steps, max_tokens=max_tokens, batch_tasks=batch_tasks)
     _check_adapter(adapter)
-    reader = JsonlReader(input, Task, "tasks")
-    tasks, seen = [], set()
-    for where, task in reader:
-        envs.factory(task.env) if task.env in envs.names() else _unknown_env(task.env, where)
-        if task.task_id in seen:
-            raise RlanyError(f"duplicate task_id '{task.task_id}'", where=where)
-        seen.add(task.task_id)
-        tasks.append(task)
     _refuse_same_file(input, output)
-    out = ResumableJsonl(output)
-    todo = [t for t in tasks if t.task_id not in set(out.done)]
-    if out.done:
-        info(f"rollout: resuming, {len(out.done)} of {len(tasks)} tasks already done")
+    read_tasks(input)  # fail on bad tasks before starting an engine
     opts = RolloutOptions(n=n, max_steps=max_steps, iteration=iteration, seed=seed,
                           batch_tasks=batch_tasks, adapter=adapter, history_turns=history_turns,
                           sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
                                             top_p=top_p))
     eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
-    policy = {"model": eng.model, "adapter": adapter}
-    successes = total = 0
-    try:
-        from rlany.console import progress
-        with progress("rollout", len(todo)) as bar:
-            for group in run_rollout(todo, eng, envs.make_env, opts, policy):
-                out.write_group(group[0].task_id, group)
-                successes += sum(t.outcome == 1 for t in group)
-                total += len(group)
-                bar.advance()
-    finally:
-        out.close()
-    out.finish()
-    flags = {"model": eng.model, "engine": engine, "adapter": adapter, "n": n,
-             "max_steps": max_steps, "max_tokens": max_tokens, "temperature": temperature,
-             "top_p": top_p, "iteration": iteration, "seed": seed, "history_turns": history_turns}
-    write_meta(output, stage="rollout", flags=flags, inputs=[reader],
-               counts={"tasks": len(tasks), "trajectories": out.count,
-                       "new_trajectories": total, "success_rate": successes / max(total, 1),
-                       "completion_tokens": eng.stats.completion_tokens,
-                       "generate_seconds": round(eng.stats.seconds, 3)},
-               started=started, versions=("vllm", "torch", "transformers"))
-    info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/{total}; "
-         f"{_tokens_per_s(eng)} -> {output} ({time.time() - started:.1f}s)")
-
-
-def _unknown_env(name: str, where: str) -> None:
-    from rlany import envs
-    raise RlanyError(f"unknown environment '{name}'", where=where,
-                     hint=f"known: {', '.join(envs.names())}")
+    run_rollout(input, output, eng, opts, flags={
+        "model": eng.model, "engine": engine, "adapter": adapter, "n": n,
+        "max_steps": max_steps, "max_tokens": max_tokens, "temperature": temperature,
+        "top_p": top_p, "iteration": iteration, "seed": seed, "history_turns": history_turns})
 
 
 # ---------------------------------------------------------------------------------------
@@ -319,55 +244,22 @@ def judge(
 ) -> None:
     """Judge every step with a generative reward model: m samples per step (sharing the
     prompt), each reasoning then giving +1 or -1; unparseable verdicts score 0."""
-    from rlany.console import progress
     from rlany.engines import Sampling
-    from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
     from rlany.judge import JudgeOptions
-    from rlany.judge import judge as run_judge
-    from rlany.records import Trajectory
+    from rlany.runner import run_judge
 
-    started = time.time()
     _positive(m=m, max_tokens=max_tokens, batch_trajectories=batch_trajectories)
     _check_adapter(adapter)
     _refuse_same_file(input, output)
-    reader = JsonlReader(input, Trajectory, "trajectories")
-    out = ResumableJsonl(output)
-    done = set(out.done)
-    if done:
-        info(f"judge: resuming, {len(done)} tasks already judged")
     opts = JudgeOptions(m=m, adapter=adapter, batch_trajectories=batch_trajectories,
                         history_steps=history_steps, seed=seed,
                         sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
                                           top_p=top_p))
     eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
-    todo = (t for _, t in reader if t.task_id not in done)
-    verdicts = {1: 0, -1: 0, 0: 0}
-    try:
-        with progress("judge", None) as bar:
-            for group in run_judge(todo, eng, opts, {"model": eng.model, "adapter": adapter}):
-                out.write_group(group[0].task_id, group)
-                for j in group:
-                    for s in j.steps:
-                        for sample in s.samples:
-                            verdicts[sample.score] += 1
-                bar.advance()
-    finally:
-        out.close()
-    out.finish()
-    total = sum(verdicts.values())
-    parse_fail = verdicts[0] / total if total else 0.0
-    write_meta(output, stage="judge", inputs=[reader], started=started,
-               flags={"model": eng.model, "engine": engine, "adapter": adapter, "m": m,
-                      "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                      "seed": seed, "history_steps": history_steps},
-               counts={"judgments": out.count, "verdicts": total, "positive": verdicts[1],
-                       "negative": verdicts[-1], "unparseable": verdicts[0],
-                       "parse_fail_rate": parse_fail,
-                       "completion_tokens": eng.stats.completion_tokens},
-               versions=("vllm", "torch", "transformers"))
-    info(f"judge: {total} verdicts (+1: {verdicts[1]}, -1: {verdicts[-1]}, unparseable: "
-         f"{verdicts[0]} = {parse_fail:.1%}); {_tokens_per_s(eng)} -> {output} "
-         f"({time.time() - started:.1f}s)")
+    run_judge(input, output, eng, opts, flags={
+        "model": eng.model, "engine": engine, "adapter": adapter, "m": m,
+        "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
+        "history_steps": history_steps})
 
 
 # ---------------------------------------------------------------------------------------
@@ -402,62 +294,16 @@ IterationOpt = Annotated[int, typer.Option(help="Loop iteration, recorded in rla
 
 def _train_command(kind: str, input: str, output: str, model: str, adapter: str | None,
                    opts_kwargs: dict, iteration: int) -> None:
-    from rlany.console import info as say
-    from rlany.jsonl import JsonlReader, write_text_atomic
     from rlany.models import resolve_model
-    from rlany.records import Scored
-    from rlany.train import TrainOptions, load_model, policy_samples, rm_samples, tokenize, train
+    from rlany.runner import run_train
+    from rlany.train import TrainOptions
 
-    started = time.time()
     opts = TrainOptions(**opts_kwargs)
     _positive(epochs=opts.epochs, micro_batch_size=opts.micro_batch, grad_accum=opts.grad_accum,
               max_len=opts.max_len)
-    out = Path(output)
-    if (out / "rlany.json").exists():
-        raise RlanyError("checkpoint already exists", where=output,
-                         hint="choose another --output or delete it")
-    if out.exists():
-        raise RlanyError("output exists and is not a finished checkpoint", where=output)
     if adapter and not opts.full:
         _check_adapter(adapter)
-    base = resolve_model(model)
-    reader = JsonlReader(input, Scored, "scored")
-    extract = policy_samples if kind == "policy" else rm_samples
-    net, tokenizer = load_model(base, adapter, opts)
-    samples, dropped = tokenize(tokenizer, extract(s for _, s in reader), opts.max_len)
-    if not samples:
-        raise RlanyError(f"no training samples (kept samples: 0, dropped as too long: "
-                         f"{dropped})", where=input,
-                         hint="every step had zero advantage or keep=false; see task_stats")
-    metrics_path = out.with_name(out.name + ".metrics.jsonl")
-    metrics_lines: list[str] = []
-
-    def log(record: dict) -> None:
-        import json as _json
-        metrics_lines.append(_json.dumps(record))
-        write_text_atomic(metrics_path, "\n".join(metrics_lines) + "\n")
-        if "loss" in record:
-            say(f"{kind} step {record['step']}/{record['of']}: loss {record['loss']:+.4f} "
-                f"kl {record['kl']:.4f} clip {record['clip_frac']:.3f} "
-                f"grad {record['grad_norm']:.3f} {record['tokens_per_s']:.0f} tok/s")
-
-    meta = {"kind": kind, "base_model": base, "init_adapter": adapter, "iteration": iteration,
-            "data": str(input), "data_sha256": _sha256(input), "samples": len(samples),
-            "dropped_too_long": dropped}
-    say(f"train-{kind}: {len(samples)} samples ({dropped} dropped as longer than "
-        f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}")
-    summary = train(samples, net, tokenizer, opts, out, meta, log)
-    say(f"train-{kind}: {summary['steps']} optimizer steps -> {output} "
-        f"({time.time() - started:.1f}s)")
-
-
-def _sha256(path: str) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    run_train(kind, input, output, resolve_model(model), adapter, opts, iteration)
 
 
 @app.command("train-policy", epilog=_example(

@@ -1,0 +1,215 @@
+"""File-level stage drivers: read inputs, run a stage function, write outputs + sidecars.
+
+`rlany <stage>` (cli.py) and `rlany loop` (loop.py) both call these, so a loop iteration
+does exactly what the equivalent commands do, with one engine kept alive across stages.
+Each driver returns the counts it wrote into its `.meta.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+
+from rlany.console import info, progress
+from rlany.errors import RlanyError
+from rlany.jsonl import AtomicJsonl, JsonlReader, ResumableJsonl, write_meta, write_text_atomic
+
+GEN_VERSIONS = ("vllm", "torch", "transformers")
+
+
+def tokens_per_s(engine) -> str:
+    s = engine.stats
+    rate = s.completion_tokens / s.seconds if s.seconds else 0.0
+    return f"{s.completion_tokens} tokens in {s.calls} generate calls, {rate:.0f} tokens/s"
+
+
+def read_tasks(path: str | Path):
+    """All tasks of a file (a task pool is small), with env names and unique ids checked."""
+    from rlany import envs
+    from rlany.records import Task
+
+    reader = JsonlReader(path, Task, "tasks")
+    tasks, seen = [], set()
+    known = envs.names()
+    for where, task in reader:
+        if task.env not in known:
+            raise RlanyError(f"unknown environment '{task.env}'", where=where,
+                             hint=f"known: {', '.join(known)}")
+        if task.task_id in seen:
+            raise RlanyError(f"duplicate task_id '{task.task_id}'", where=where)
+        seen.add(task.task_id)
+        tasks.append(task)
+    return tasks, reader
+
+
+def run_score(input: str, judgments: str | None, output: str, stats: str | None,
+              opts, flags: dict) -> dict:
+    from rlany.records import Judgment, Trajectory
+    from rlany.score import score_stream
+
+    started = time.time()
+    traj_reader = JsonlReader(input, Trajectory, "trajectories")
+    judge_reader = JsonlReader(judgments, Judgment, "judgments") if judgments else None
+    counts = {"tasks": 0, "trajectories": 0, "policy_samples": 0, "rm_samples": 0}
+    acc_sum = agree_sum = 0.0
+    agree_n = 0
+    with AtomicJsonl(output) as out, (AtomicJsonl(stats) if stats else nullcontext()) as st:
+        for scored, task_stats in score_stream(traj_reader, judge_reader, opts):
+            out.write_all(scored)
+            if st:
+                st.write(task_stats)
+            counts["tasks"] += 1
+            counts["trajectories"] += len(scored)
+            counts["policy_samples"] += task_stats.policy_samples
+            counts["rm_samples"] += task_stats.rm_samples
+            acc_sum += task_stats.acc
+            if task_stats.judge_outcome_agreement is not None:
+                agree_sum += task_stats.judge_outcome_agreement
+                agree_n += 1
+    counts["mean_acc"] = acc_sum / max(counts["tasks"], 1)
+    counts["judge_outcome_agreement"] = agree_sum / agree_n if agree_n else None
+    inputs = [traj_reader] + ([judge_reader] if judge_reader else [])
+    for path in (output, stats):
+        if path:
+            write_meta(path, stage="score", flags=flags, inputs=inputs, counts=counts,
+                       started=started)
+    info(f"score: {counts['trajectories']} trajectories in {counts['tasks']} tasks, mean acc "
+         f"{counts['mean_acc']:.3f}, {counts['policy_samples']} policy samples, "
+         f"{counts['rm_samples']} reward-model samples -> {output} "
+         f"({time.time() - started:.1f}s)")
+    return counts
+
+
+def run_rollout(tasks_path: str, output: str, engine, opts, flags: dict) -> dict:
+    from rlany import envs
+    from rlany.rollout import rollout
+
+    started = time.time()
+    tasks, reader = read_tasks(tasks_path)
+    out = ResumableJsonl(output)
+    done = set(out.done)
+    todo = [t for t in tasks if t.task_id not in done]
+    if done:
+        info(f"rollout: resuming, {len(done)} of {len(tasks)} tasks already done")
+    policy = {"model": engine.model, "adapter": opts.adapter}
+    stats = engine.stats
+    calls0, tokens0, secs0 = stats.calls, stats.completion_tokens, stats.seconds
+    successes = total = 0
+    try:
+        with progress("rollout", len(todo)) as bar:
+            for group in rollout(todo, engine, envs.make_env, opts, policy):
+                out.write_group(group[0].task_id, group)
+                successes += sum(t.outcome == 1 for t in group)
+                total += len(group)
+                bar.advance()
+    finally:
+        out.close()
+    out.finish()
+    tokens = engine.stats.completion_tokens - tokens0
+    seconds = engine.stats.seconds - secs0
+    counts = {"tasks": len(tasks), "trajectories": out.count, "new_trajectories": total,
+              "success_rate": successes / max(total, 1), "completion_tokens": tokens,
+              "generate_calls": engine.stats.calls - calls0,
+              "generate_seconds": round(seconds, 3)}
+    write_meta(output, stage="rollout", flags=flags, inputs=[reader], counts=counts,
+               started=started, versions=GEN_VERSIONS)
+    info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/{total}; "
+         f"{tokens} tokens, {tokens / seconds if seconds else 0:.0f} tokens/s -> {output} "
+         f"({time.time() - started:.1f}s)")
+    return counts
+
+
+def run_judge(input: str, output: str, engine, opts, flags: dict) -> dict:
+    from rlany.judge import judge
+    from rlany.records import Trajectory
+
+    started = time.time()
+    reader = JsonlReader(input, Trajectory, "trajectories")
+    out = ResumableJsonl(output)
+    done = set(out.done)
+    if done:
+        info(f"judge: resuming, {len(done)} tasks already judged")
+    tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
+    todo = (t for _, t in reader if t.task_id not in done)
+    verdicts = {1: 0, -1: 0, 0: 0}
+    try:
+        with progress("judge", None) as bar:
+            for group in judge(todo, engine, opts, {"model": engine.model,
+                                                    "adapter": opts.adapter}):
+                out.write_group(group[0].task_id, group)
+                for j in group:
+                    for s in j.steps:
+                        for sample in s.samples:
+                            verdicts[sample.score] += 1
+                bar.advance()
+    finally:
+        out.close()
+    out.finish()
+    total = sum(verdicts.values())
+    tokens = engine.stats.completion_tokens - tokens0
+    seconds = engine.stats.seconds - secs0
+    counts = {"judgments": out.count, "verdicts": total, "positive": verdicts[1],
+              "negative": verdicts[-1], "unparseable": verdicts[0],
+              "parse_fail_rate": verdicts[0] / total if total else 0.0,
+              "completion_tokens": tokens, "generate_seconds": round(seconds, 3)}
+    write_meta(output, stage="judge", flags=flags, inputs=[reader], counts=counts,
+               started=started, versions=GEN_VERSIONS)
+    info(f"judge: {total} verdicts (+1: {verdicts[1]}, -1: {verdicts[-1]}, unparseable: "
+         f"{verdicts[0]} = {counts['parse_fail_rate']:.1%}); {tokens} tokens, "
+         f"{tokens / seconds if seconds else 0:.0f} tokens/s -> {output} "
+         f"({time.time() - started:.1f}s)")
+    return counts
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def run_train(kind: str, input: str, output: str, base: str, adapter: str | None, opts,
+              iteration: int, say: Callable[[str], None] = info) -> dict:
+    """Train the policy (kind 'policy') or the reward model ('rm'); write the checkpoint."""
+    from rlany.records import Scored
+    from rlany.train import load_model, policy_samples, rm_samples, tokenize, train
+
+    started = time.time()
+    out = Path(output)
+    if (out / "rlany.json").exists():
+        raise RlanyError("checkpoint already exists", where=output,
+                         hint="choose another --output or delete it")
+    if out.exists():
+        raise RlanyError("output exists and is not a finished checkpoint", where=output)
+    reader = JsonlReader(input, Scored, "scored")
+    extract = policy_samples if kind == "policy" else rm_samples
+    net, tokenizer = load_model(base, adapter, opts)
+    samples, dropped = tokenize(tokenizer, extract(s for _, s in reader), opts.max_len)
+    if not samples:
+        raise RlanyError(f"no training samples (dropped as too long: {dropped})", where=input,
+                         hint="every step had zero advantage or keep=false; see task_stats")
+    metrics_path = out.with_name(out.name + ".metrics.jsonl")
+    lines: list[str] = []
+
+    def log(record: dict) -> None:
+        lines.append(json.dumps(record))
+        write_text_atomic(metrics_path, "\n".join(lines) + "\n")
+        if "loss" in record:
+            say(f"train-{kind} step {record['step']}/{record['of']}: loss {record['loss']:+.4f}"
+                f" kl {record['kl']:.4f} clip {record['clip_frac']:.3f} grad "
+                f"{record['grad_norm']:.3f} {record['tokens_per_s']:.0f} tok/s")
+
+    meta = {"kind": kind, "base_model": base, "init_adapter": adapter, "iteration": iteration,
+            "data": str(input), "data_sha256": sha256_file(input), "samples": len(samples),
+            "dropped_too_long": dropped}
+    say(f"train-{kind}: {len(samples)} samples ({dropped} dropped as longer than "
+        f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}")
+    summary = train(samples, net, tokenizer, opts, out, meta, log)
+    say(f"train-{kind}: {summary['steps']} optimizer steps -> {output} "
+        f"({time.time() - started:.1f}s)")
+    return summary
