@@ -351,6 +351,129 @@ def train_rm(
 
 
 # ---------------------------------------------------------------------------------------
+# adapt-tasks
+
+
+@app.command("adapt-tasks", epilog=_example(
+    "rlany adapt-tasks -i tasks.jsonl --stats task_stats.jsonl -j judgments.jsonl "
+    "-o next_tasks.jsonl --candidates candidates.jsonl --model smollm2",
+    "rlany adapt-tasks -i tasks.jsonl --pending candidates.jsonl --stats task_stats.jsonl "
+    "-j judgments.jsonl -o next_tasks.jsonl --candidates new_candidates.jsonl --iteration 2"))
+def adapt_tasks(
+    input: Annotated[str, typer.Option("-i", "--input", help="The task pool (tasks.jsonl).")],
+    stats: Annotated[str, typer.Option(help="task_stats.jsonl from `rlany score` of a rollout "
+                                       "of the pool (and of --pending).")],
+    output: Annotated[str, typer.Option("-o", "--output", help="The next task pool.")
+                      ] = "next_tasks.jsonl",
+    candidates: Annotated[str, typer.Option(help="New candidate tasks, to roll out next "
+                                            "iteration.")] = "candidates.jsonl",
+    decisions: Annotated[Optional[str], typer.Option(
+        help="Acceptance decisions and rejected rewrites, with reasons. Default: "
+        "decisions.jsonl beside --output.")] = None,
+    judgments: Annotated[Optional[str], typer.Option(
+        "-j", "--judgments", help="judgments.jsonl: the critiques the rewriter reads.")] = None,
+    pending: Annotated[Optional[str], typer.Option(
+        help="Last iteration's candidates, rolled out in this iteration: accepted or "
+        "rejected by the acceptance rule.")] = None,
+    model: ModelOpt = "smollm2",
+    engine: EngineOpt = "vllm",
+    adapter: AdapterOpt = None,
+    alpha_high: Annotated[float, typer.Option(help="acc >= this: make the task harder.")] = 0.8,
+    alpha_low: Annotated[float, typer.Option(help="acc <= this: make the task easier.")] = 0.2,
+    samples: Annotated[int, typer.Option(help="Rewrites drawn per task; the first valid "
+                                         "one is kept.")] = 2,
+    dup_threshold: Annotated[float, typer.Option(
+        help="rapidfuzz similarity (0-100) at which a rewrite duplicates a pool task.")] = 97.0,
+    max_tokens: MaxTokensOpt = 384,
+    temperature: TemperatureOpt = 0.7,
+    iteration: Annotated[int, typer.Option(help="Loop iteration (ids and lineage).")] = 0,
+    seed: SeedOpt = 0,
+    dtype: DtypeOpt = "auto",
+    max_model_len: MaxModelLenOpt = None,
+    base_url: BaseUrlOpt = None,
+) -> None:
+    """Adapt the environment: accept rolled-out candidates that proved harder/easier, then
+    rewrite tasks the policy always (>= alpha-high) or never (<= alpha-low) solves, from a
+    summary of the reward model's critiques."""
+    from rlany.adapt import AdaptOptions
+    from rlany.engines import Sampling
+    from rlany.runner import run_adapt
+
+    if not 0.0 <= alpha_low < alpha_high <= 1.0:
+        raise RlanyError(f"need 0 <= --alpha-low < --alpha-high <= 1, got {alpha_low}, "
+                         f"{alpha_high}")
+    _positive(samples=samples, max_tokens=max_tokens)
+    if decisions is None:
+        decisions = str(Path(output).with_name("decisions.jsonl"))
+    _refuse_same_file(input, stats, judgments, pending, output, candidates, decisions)
+    opts = AdaptOptions(alpha_high=alpha_high, alpha_low=alpha_low, samples=samples,
+                        dup_threshold=dup_threshold, adapter=adapter, iteration=iteration,
+                        seed=seed, sampling=Sampling(max_tokens=max_tokens,
+                                                     temperature=temperature))
+    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
+    run_adapt(input, stats, judgments, pending, output, candidates, decisions, eng, opts,
+              flags={"model": eng.model, "engine": engine, "adapter": adapter,
+                     "alpha_high": alpha_high, "alpha_low": alpha_low, "samples": samples,
+                     "dup_threshold": dup_threshold, "iteration": iteration})
+
+
+# ---------------------------------------------------------------------------------------
+# eval
+
+
+@app.command("eval", epilog=_example(
+    "rlany eval -i examples/reasoning/eval.jsonl -o eval.json --model smollm2 --n 4 --k 1 --k 4",
+    "rlany eval -i eval.jsonl -o eval.json --model smollm2 --adapter ckpt/policy-3 "
+    "--judge-adapter ckpt/rm-3"))
+def eval_cmd(
+    input: Annotated[str, typer.Option("-i", "--input", help="Held-out tasks.jsonl.")],
+    output: Annotated[str, typer.Option("-o", "--output", help="Summary JSON.")] = "eval.json",
+    model: ModelOpt = "smollm2",
+    engine: EngineOpt = "vllm",
+    adapter: AdapterOpt = None,
+    n: Annotated[int, typer.Option("--n", help="Episodes per task.")] = 4,
+    k: Annotated[Optional[list[int]], typer.Option("--k", help="pass@k to report "
+                                                   "(repeatable; each <= n).")] = None,
+    max_steps: Annotated[int, typer.Option(help="Turns per episode at most.")] = 1,
+    max_tokens: MaxTokensOpt = 256,
+    temperature: TemperatureOpt = 0.8,
+    judge: Annotated[bool, typer.Option(help="Also judge the eval trajectories and report "
+                                       "the judge's accuracy against outcome labels.")] = False,
+    judge_adapter: Annotated[Optional[str], typer.Option(
+        help="Reward-model adapter for the judge (implies --judge).")] = None,
+    m: Annotated[int, typer.Option("--m", help="Judge samples per step.")] = 3,
+    trajectories: Annotated[Optional[str], typer.Option(
+        help="Also write the eval trajectories here.")] = None,
+    seed: SeedOpt = 0,
+    dtype: DtypeOpt = "auto",
+    max_model_len: MaxModelLenOpt = None,
+    base_url: BaseUrlOpt = None,
+) -> None:
+    """Evaluate a policy (base or adapter) on held-out tasks: success rate, pass@k, mean
+    steps; optionally the judge's accuracy against ground-truth outcome labels."""
+    from rlany.engines import Sampling
+    from rlany.judge import JudgeOptions
+    from rlany.rollout import RolloutOptions
+    from rlany.runner import read_tasks, run_eval
+
+    ks = sorted(set(k or [1]))
+    _positive(n=n, max_steps=max_steps, max_tokens=max_tokens, m=m)
+    if any(x < 1 or x > n for x in ks):
+        raise RlanyError(f"every --k must be between 1 and --n {n}, got {ks}")
+    _check_adapter(adapter)
+    _check_adapter(judge_adapter)
+    read_tasks(input)
+    opts = RolloutOptions(n=n, max_steps=max_steps, seed=seed, adapter=adapter,
+                          sampling=Sampling(max_tokens=max_tokens, temperature=temperature))
+    judge_opts = (JudgeOptions(m=m, adapter=judge_adapter, seed=seed)
+                  if judge or judge_adapter else None)
+    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
+    run_eval(input, output, eng, opts, ks, judge_opts, trajectories, flags={
+        "model": eng.model, "adapter": adapter, "n": n, "k": ks, "max_steps": max_steps,
+        "temperature": temperature, "judge_adapter": judge_adapter, "m": m, "seed": seed})
+
+
+# ---------------------------------------------------------------------------------------
 # models and envs
 
 models_app = typer.Typer(help="Prepare model directories (no model hub needed).",
@@ -464,9 +587,7 @@ def envs_make_tasks(
 # Stages not built yet: they say so and exit non-zero, never pretend.
 
 _NOT_BUILT = {
-    "adapt-tasks": ("tasks + stats + critiques -> rewritten candidate tasks", 6),
     "loop": ("run the whole closed loop from a config, resumable", 6),
-    "eval": ("a policy on held-out tasks: success rate, pass@k", 6),
     "report": ("plots and tables of a run directory", 6),
 }
 

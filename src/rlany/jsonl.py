@@ -44,9 +44,9 @@ def dumps(obj: Any) -> str:
 
 
 def meta_path(path: str | Path) -> Path:
+    """`X.jsonl` (or `X.json`) -> `X.meta.json`, beside it."""
     p = Path(path)
-    return p.with_name(p.name[: -len(".jsonl")] + ".meta.json" if p.name.endswith(".jsonl")
-                       else p.name + ".meta.json")
+    return p.with_suffix(".meta.json") if p.suffix else p.with_name(p.name + ".meta.json")
 
 
 class JsonlReader(Generic[R]):

@@ -83,3 +83,45 @@ def parse_verdict(text: str) -> int:
         token = _normalize(tail[-1])
         return 1 if token in _POS else -1 if token in _NEG else 0
     return 0
+
+
+REWRITE_SYSTEM = (
+    "You design training tasks for an AI agent. You rewrite a task so that its difficulty "
+    "fits the agent, keeping it well-formed and solvable."
+)
+
+REWRITE_USER = """## The task
+{description}
+
+## Its spec (JSON)
+```json
+{spec}
+```
+
+## How the agent does
+It solved this task in {acc:.0%} of its attempts, so the task is too {state}.
+A reviewer's critiques of the agent's attempts:
+{critiques}
+
+## What to do
+Write a new version of the task that is a little {direction}. {advice}
+Keep the same JSON keys and make sure the new task is correct and solvable.
+Answer with the new spec only, as one JSON object in a ```json block."""
+
+_ADVICE = {
+    "harder": "Change one thing that raises the difficulty, guided by what the agent already "
+              "does well.",
+    "easier": "Change one thing that lowers the difficulty, guided by the mistakes in the "
+              "critiques.",
+}
+
+
+def rewrite_messages(description: str, spec: dict, acc: float, direction: str,
+                     critiques: str) -> list[dict]:
+    import json
+
+    user = REWRITE_USER.format(description=clip(description), spec=json.dumps(spec, indent=2),
+                               acc=acc, state="easy" if direction == "harder" else "hard",
+                               critiques=critiques, direction=direction,
+                               advice=_ADVICE[direction])
+    return [{"role": "system", "content": REWRITE_SYSTEM}, {"role": "user", "content": user}]

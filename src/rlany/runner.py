@@ -213,3 +213,98 @@ def run_train(kind: str, input: str, output: str, base: str, adapter: str | None
     say(f"train-{kind}: {summary['steps']} optimizer steps -> {output} "
         f"({time.time() - started:.1f}s)")
     return summary
+
+
+def read_stats(path: str | Path) -> dict:
+    from rlany.records import TaskStats
+
+    return {s.task_id: s for _, s in JsonlReader(path, TaskStats, "task stats")}
+
+
+def collect_critiques(judgments: str | Path, task_ids: set[str], limit: int) -> dict[str, str]:
+    """Critique summaries of the given tasks, streaming the judgments file once."""
+    from rlany.adapt import critique_summary
+    from rlany.records import Judgment
+
+    grouped: dict[str, list] = {}
+    for _, j in JsonlReader(judgments, Judgment, "judgments"):
+        if j.task_id in task_ids:
+            grouped.setdefault(j.task_id, []).append(j)
+    return {tid: critique_summary(js, limit) for tid, js in grouped.items()}
+
+
+def run_adapt(tasks_path: str, stats_path: str, judgments: str | None, pending: str | None,
+              output: str, candidates_out: str, decisions_out: str, engine, opts,
+              flags: dict) -> dict:
+    """Accept/reject pending candidates, then propose new ones; write pool + candidates."""
+    from rlany import envs
+    from rlany.adapt import decide, direction_for, propose
+
+    started = time.time()
+    pool, pool_reader = read_tasks(tasks_path)
+    stats = read_stats(stats_path)
+    inputs: list = [pool_reader, {"path": str(stats_path), "sha256": sha256_file(stats_path)}]
+    pending_tasks: list = []
+    if pending:
+        pending_tasks, pending_reader = read_tasks(pending)
+        inputs.append(pending_reader)
+    new_pool, decisions = decide(pool, pending_tasks, stats, opts)
+    targets = {t.task_id for t in new_pool
+               if t.task_id in stats and direction_for(stats[t.task_id].acc, opts)}
+    critiques = collect_critiques(judgments, targets, opts.critiques) if judgments else {}
+    candidates, rejections = propose(new_pool, stats, critiques, engine, envs.make_env, opts)
+    accepted = sum(d["accepted"] for d in decisions)
+    with AtomicJsonl(output) as out:
+        out.write_all(new_pool)
+    with AtomicJsonl(candidates_out) as out:
+        out.write_all(candidates)
+    with AtomicJsonl(decisions_out) as out:
+        out.write_all([{"kind": "decision", **d} for d in decisions] +
+                      [{"kind": "rewrite_rejected", **r} for r in rejections])
+    counts = {"pool": len(new_pool), "pending": len(pending_tasks), "accepted": accepted,
+              "rejected": len(decisions) - accepted, "targets": len(targets),
+              "candidates": len(candidates), "rewrites_rejected": len(rejections)}
+    for path in (candidates_out, decisions_out, output):  # the pool's meta last: complete
+        write_meta(path, stage="adapt-tasks", flags=flags, inputs=inputs, counts=counts,
+                   started=started, versions=GEN_VERSIONS)
+    info(f"adapt-tasks: accepted {accepted} of {len(pending_tasks)} candidates; "
+         f"{len(targets)} tasks to adapt -> {len(candidates)} new candidates, "
+         f"{len(rejections)} rewrites rejected -> {output} ({time.time() - started:.1f}s)")
+    return counts
+
+
+def run_eval(tasks_path: str, output: str, engine, opts, ks: list[int], judge_opts=None,
+             trajectories_out: str | None = None, flags: dict | None = None) -> dict:
+    """Roll out eval tasks (and optionally judge them); write a summary JSON atomically."""
+    from rlany import envs
+    from rlany.evaluate import judge_metrics, policy_metrics
+    from rlany.judge import judge
+    from rlany.rollout import rollout
+
+    started = time.time()
+    tasks, reader = read_tasks(tasks_path)
+    policy = {"model": engine.model, "adapter": opts.adapter}
+    groups = list(rollout(tasks, engine, envs.make_env, opts, policy))
+    summary = {"policy": policy, **policy_metrics(groups, ks)}
+    flat = [t for g in groups for t in g]
+    if trajectories_out:
+        with AtomicJsonl(trajectories_out) as out:
+            out.write_all(flat)
+    if judge_opts is not None:
+        judged = [j for g in judge(flat, engine, judge_opts,
+                                   {"model": engine.model, "adapter": judge_opts.adapter})
+                  for j in g]
+        summary["judge"] = {"model": engine.model, "adapter": judge_opts.adapter}
+        summary.update(judge_metrics(flat, judged))
+    summary["wall_time_s"] = round(time.time() - started, 3)
+    write_text_atomic(output, json.dumps(summary, indent=2) + "\n")
+    write_meta(output, stage="eval", flags=flags or {}, inputs=[reader],
+               counts={k: v for k, v in summary.items() if k != "per_task"}, started=started,
+               versions=GEN_VERSIONS)
+    judge_part = (f", judge step accuracy {summary['judge_step_accuracy']:.3f}"
+                  if summary.get("judge_step_accuracy") is not None else "")
+    info(f"eval: success {summary['success_rate']:.3f} over {summary['trajectories']} "
+         f"trajectories of {summary['tasks']} tasks, "
+         + ", ".join(f"pass@{k} {summary[f'pass@{k}']:.3f}" for k in ks)
+         + f"{judge_part} -> {output} ({summary['wall_time_s']:.1f}s)")
+    return summary

@@ -46,6 +46,35 @@ def same_answer(got: str | None, want: str) -> bool:
         return g.lower().rstrip(".") == w.lower().rstrip(".")
 
 
+def _arith(expr: str) -> int | None:
+    """Evaluate + - * on integers with parentheses, safely (an AST walk, no eval)."""
+    import ast
+
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return None
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+           ast.Mult: lambda a, b: a * b}
+
+    def walk(node):
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            left, right = walk(node.left), walk(node.right)
+            if left is None or right is None or abs(left) > 10**12 or abs(right) > 10**12:
+                return None
+            return ops[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            inner = walk(node.operand)
+            return None if inner is None else -inner
+        return None
+
+    return walk(tree)
+
+
 class ReasoningEnv:
     name = "reasoning"
 
@@ -67,11 +96,26 @@ class ReasoningEnv:
         return f"Question: {task.spec['question']}\nAnswer: {task.spec['answer']}"
 
     def validate(self, spec: dict) -> list[str]:
+        """Well-formed, and for arithmetic questions ("What is EXPR?") the answer is right."""
         problems = []
-        if not isinstance(spec.get("question"), str) or not spec.get("question", "").strip():
+        question, answer = spec.get("question"), spec.get("answer")
+        if not isinstance(question, str) or not question.strip():
             problems.append("spec.question must be a non-empty string")
-        if not isinstance(spec.get("answer"), (str, int, float)) or str(spec.get("answer")) == "":
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)) or \
+                str(answer).strip() == "":
             problems.append("spec.answer must be a string or number")
+        if problems:
+            return problems
+        unknown = set(spec) - {"question", "answer"}
+        if unknown:
+            problems.append(f"unknown spec keys {sorted(unknown)}")
+        m = re.fullmatch(r"\s*What is ([0-9+\-*() ]+)\?\s*", question)
+        if m:
+            value = _arith(m.group(1))
+            if value is None:
+                problems.append("the arithmetic expression does not parse")
+            elif not same_answer(str(answer), str(value)):
+                problems.append(f"wrong answer: {m.group(1).strip()} = {value}, not {answer}")
         return problems
 
 
@@ -87,7 +131,7 @@ def make_tasks(n: int, seed: int, digits: int = 1, terms: int = 2, ops: str = "+
         expr = str(nums[0])
         for x in nums[1:]:
             expr += f" {rng.choice(ops)} {x}"
-        answer = str(eval(expr, {"__builtins__": {}}))  # noqa: S307 - digits and checked ops only
+        answer = str(_arith(expr))
         task_id = f"{prefix}-{seed}-{i:04d}"
         tasks.append(Task(task_id=task_id, env="reasoning",
                           spec={"question": f"What is {expr}?", "answer": answer},
