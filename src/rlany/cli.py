@@ -131,13 +131,15 @@ DtypeOpt = Annotated[str, typer.Option(help="Weights dtype: auto, bfloat16, floa
 MaxModelLenOpt = Annotated[Optional[int], typer.Option(
     help="vllm: context length to reserve KV cache for (default: the model's).")]
 SeedOpt = Annotated[int, typer.Option(help="Base seed: sampling seeds derive from it.")]
+MaxLoraRankOpt = Annotated[int, typer.Option(
+    help="vllm: largest LoRA rank to serve (adapters are padded to it; keep it tight).")]
 TemperatureOpt = Annotated[float, typer.Option(help="Sampling temperature.")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling top-p.")]
 MaxTokensOpt = Annotated[int, typer.Option(help="Max new tokens per response.")]
 
 
 def _start_engine(engine: str, model: str, dtype: str, seed: int, max_model_len: int | None,
-                  base_url: str | None):
+                  base_url: str | None, max_lora_rank: int = 16):
     from rlany.engines import ENGINES, EngineConfig, make_engine
     from rlany.models import resolve_model
 
@@ -149,7 +151,8 @@ def _start_engine(engine: str, model: str, dtype: str, seed: int, max_model_len:
         raise RlanyError(f"--base-url is only for --engine openai, not {engine}")
     info(f"starting engine {engine}: {model}")
     return make_engine(EngineConfig(kind=engine, model=model, dtype=dtype, seed=seed,
-                                    max_model_len=max_model_len, base_url=base_url))
+                                    max_model_len=max_model_len, base_url=base_url,
+                                    max_lora_rank=max_lora_rank))
 
 
 def _check_adapter(adapter: str | None) -> None:
@@ -193,6 +196,7 @@ def rollout(
     dtype: DtypeOpt = "auto",
     max_model_len: MaxModelLenOpt = None,
     base_url: BaseUrlOpt = None,
+    max_lora_rank: MaxLoraRankOpt = 16,
 ) -> None:
     """Roll out the policy: n episodes per task, multi-turn, all live episodes stepped in one
     batched generate call per turn. Writes the n trajectories of each task together."""
@@ -208,7 +212,7 @@ def rollout(
                           batch_tasks=batch_tasks, adapter=adapter, history_turns=history_turns,
                           sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
                                             top_p=top_p))
-    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
+    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_rollout(input, output, eng, opts, flags={
         "model": eng.model, "engine": engine, "adapter": adapter, "n": n,
         "max_steps": max_steps, "max_tokens": max_tokens, "temperature": temperature,
@@ -241,6 +245,7 @@ def judge(
     dtype: DtypeOpt = "auto",
     max_model_len: MaxModelLenOpt = None,
     base_url: BaseUrlOpt = None,
+    max_lora_rank: MaxLoraRankOpt = 16,
 ) -> None:
     """Judge every step with a generative reward model: m samples per step (sharing the
     prompt), each reasoning then giving +1 or -1; unparseable verdicts score 0."""
@@ -255,7 +260,7 @@ def judge(
                         history_steps=history_steps, seed=seed,
                         sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
                                           top_p=top_p))
-    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
+    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_judge(input, output, eng, opts, flags={
         "model": eng.model, "engine": engine, "adapter": adapter, "m": m,
         "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
@@ -391,6 +396,7 @@ def adapt_tasks(
     dtype: DtypeOpt = "auto",
     max_model_len: MaxModelLenOpt = None,
     base_url: BaseUrlOpt = None,
+    max_lora_rank: MaxLoraRankOpt = 16,
 ) -> None:
     """Adapt the environment: accept rolled-out candidates that proved harder/easier, then
     rewrite tasks the policy always (>= alpha-high) or never (<= alpha-low) solves, from a
@@ -410,7 +416,7 @@ def adapt_tasks(
                         dup_threshold=dup_threshold, adapter=adapter, iteration=iteration,
                         seed=seed, sampling=Sampling(max_tokens=max_tokens,
                                                      temperature=temperature))
-    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
+    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_adapt(input, stats, judgments, pending, output, candidates, decisions, eng, opts,
               flags={"model": eng.model, "engine": engine, "adapter": adapter,
                      "alpha_high": alpha_high, "alpha_low": alpha_low, "samples": samples,
@@ -448,6 +454,7 @@ def eval_cmd(
     dtype: DtypeOpt = "auto",
     max_model_len: MaxModelLenOpt = None,
     base_url: BaseUrlOpt = None,
+    max_lora_rank: MaxLoraRankOpt = 16,
 ) -> None:
     """Evaluate a policy (base or adapter) on held-out tasks: success rate, pass@k, mean
     steps; optionally the judge's accuracy against ground-truth outcome labels."""
@@ -467,10 +474,60 @@ def eval_cmd(
                           sampling=Sampling(max_tokens=max_tokens, temperature=temperature))
     judge_opts = (JudgeOptions(m=m, adapter=judge_adapter, seed=seed)
                   if judge or judge_adapter else None)
-    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url)
+    eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_eval(input, output, eng, opts, ks, judge_opts, trajectories, flags={
         "model": eng.model, "adapter": adapter, "n": n, "k": ks, "max_steps": max_steps,
         "temperature": temperature, "judge_adapter": judge_adapter, "m": m, "seed": seed})
+
+
+# ---------------------------------------------------------------------------------------
+# loop and report
+
+
+@app.command("loop", epilog=_example(
+    "rlany loop examples/reasoning/loop.toml",
+    "rlany loop examples/reasoning/loop.toml --name policy-only --no-rm-training "
+    "--no-env-adaptation --no-step-feedback"))
+def loop_cmd(
+    config: Annotated[str, typer.Argument(help="A TOML run config (see examples/*/loop.toml).")],
+    name: Annotated[Optional[str], typer.Option(help="Override the run name.")] = None,
+    iterations: Annotated[Optional[int], typer.Option(help="Override iterations.")] = None,
+    step_feedback: Annotated[Optional[bool], typer.Option(
+        "--step-feedback/--no-step-feedback", help="Override: integrated step rewards "
+        "(off: outcome only).")] = None,
+    rm_training: Annotated[Optional[bool], typer.Option(
+        "--rm-training/--no-rm-training", help="Override: train the reward model.")] = None,
+    env_adaptation: Annotated[Optional[bool], typer.Option(
+        "--env-adaptation/--no-env-adaptation", help="Override: adapt the tasks.")] = None,
+) -> None:
+    """Run the closed loop: rollout -> judge -> score -> train-policy -> train-rm ->
+    adapt-tasks (+ eval), one directory per iteration under runs/NAME/. Rerunning the same
+    command after a kill skips finished stages and resumes the interrupted one."""
+    from rlany.loop import Loop, load_config
+
+    overrides = {k: v for k, v in {"name": name, "iterations": iterations,
+                                   "step_feedback": step_feedback, "rm_training": rm_training,
+                                   "env_adaptation": env_adaptation}.items() if v is not None}
+    cfg = load_config(config, overrides)
+    Loop(cfg, config).run()
+
+
+@app.command("report", epilog=_example("rlany report runs/demo",
+                                       "rlany report runs/base runs/policy runs/full -o cmp"))
+def report_cmd(
+    runs: Annotated[list[str], typer.Argument(help="One or more run directories.")],
+    output: Annotated[Optional[str], typer.Option(
+        "-o", "--output", help="Report directory (default: RUN/report for one run).")] = None,
+) -> None:
+    """Plots (PNG) and a markdown table of one run, or of several side by side."""
+    from rlany.report import write_report
+
+    if output is None:
+        if len(runs) > 1:
+            raise RlanyError("several runs need -o/--output for the comparison report")
+        output = str(Path(runs[0]) / "report")
+    written = write_report(runs, Path(output))
+    info(f"report: {len(written)} files -> {output}/report.md")
 
 
 # ---------------------------------------------------------------------------------------
@@ -581,29 +638,6 @@ def envs_make_tasks(
                flags={"env": name, "n": n, "seed": seed, "split": split, **knobs},
                counts={"tasks": len(tasks)})
     info(f"envs: {len(tasks)} {name} tasks -> {output}")
-
-
-# ---------------------------------------------------------------------------------------
-# Stages not built yet: they say so and exit non-zero, never pretend.
-
-_NOT_BUILT = {
-    "loop": ("run the whole closed loop from a config, resumable", 6),
-    "report": ("plots and tables of a run directory", 6),
-}
-
-
-def _not_built(name: str, summary: str, issue: int) -> None:
-    def command(ctx: typer.Context) -> None:
-        raise RlanyError(f"`rlany {name}` is not built yet ({summary}); tracked in issue "
-                         f"#{issue}")
-    command.__doc__ = f"[not built yet] {summary[0].upper()}{summary[1:]}."
-    app.command(name, context_settings={"allow_extra_args": True,
-                                        "ignore_unknown_options": True},
-                epilog=_example(f"rlany {name} --help"))(command)
-
-
-for _name, (_summary, _issue) in _NOT_BUILT.items():
-    _not_built(_name, _summary, _issue)
 
 
 def main() -> None:

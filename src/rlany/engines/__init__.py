@@ -90,7 +90,7 @@ class EngineConfig:
     dtype: str = "auto"
     seed: int = 0
     max_model_len: int | None = None
-    max_lora_rank: int = 64
+    max_lora_rank: int = 16  # vLLM pads adapters to this: keep it at the largest rank used
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
     base_url: str | None = None  # openai

@@ -1,0 +1,206 @@
+"""adapt-tasks rules, and the loop's skip/resume logic with a fake engine and a tiny model."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from conftest import read_jsonl, write_jsonl
+from rlany.adapt import AdaptOptions, acceptance, decide, parse_spec
+from rlany.engines.fake import FakeEngine
+from rlany.envs.reasoning import make_tasks
+from rlany.errors import RlanyError
+from rlany.loop import Loop, load_config
+from rlany.records import Lineage, Task, TaskStats
+
+OPTS = AdaptOptions(alpha_high=0.8, alpha_low=0.2)
+
+
+@pytest.mark.parametrize("direction,parent,child,ok", [
+    ("harder", 1.0, 0.5, True),
+    ("harder", 1.0, 0.2, False),     # alpha_low is exclusive
+    ("harder", 0.9, 0.9, False),     # not harder than the parent
+    ("harder", 1.0, 0.0, False),     # acc(q') = 0: never accepted
+    ("easier", 0.0, 0.5, True),
+    ("easier", 0.0, 0.8, False),     # alpha_high is exclusive
+    ("easier", 0.1, 0.1, False),     # not easier
+    ("easier", 0.0, 0.0, False),     # unsolved rewrite proves nothing
+])
+def test_acceptance_rule_boundaries(direction, parent, child, ok):
+    accepted, reason = acceptance(direction, parent, child, OPTS)
+    assert accepted is ok and reason
+
+
+def _stats(task_id, acc, n=4):
+    return TaskStats(task_id=task_id, n=n, successes=round(acc * n), acc=acc, mean_steps=1.0,
+                     policy_keep=True, policy_reason="", rm_keep=True, rm_reason="",
+                     policy_samples=0, rm_samples=0, step_score_mean=None,
+                     parse_fail_rate=None, judge_outcome_agreement=None)
+
+
+def test_accepted_candidate_replaces_parent_and_keeps_lineage():
+    pool = make_tasks(3, seed=0)
+    parent = pool[1]
+    cand = Task(task_id="c1", env="reasoning", spec={"question": "What is 9 + 9 + 9?",
+                                                     "answer": "27"}, prompt=parent.prompt,
+                lineage=Lineage(root_id=parent.task_id, parent_id=parent.task_id, version=1,
+                                direction="harder"),
+                extra={"candidate": {"parent_acc": 1.0}})
+    reject = Task(task_id="c2", env="reasoning", spec={"question": "q", "answer": "1"},
+                  prompt="", lineage=Lineage(root_id="x", parent_id=pool[2].task_id,
+                                             version=1, direction="harder"))
+    stats = {parent.task_id: _stats(parent.task_id, 1.0), "c1": _stats("c1", 0.5),
+             "c2": _stats("c2", 0.0)}
+    new_pool, decisions = decide(pool, [cand, reject], stats,
+                                 AdaptOptions(iteration=3))
+    assert [t.task_id for t in new_pool] == [pool[0].task_id, "c1", pool[2].task_id]
+    assert new_pool[1].lineage.accepted_iter == 3 and "candidate" not in new_pool[1].extra
+    assert [d["accepted"] for d in decisions] == [True, False]
+    assert "acc(q') = 0" in decisions[1]["reason"]
+
+
+@pytest.mark.parametrize("text,spec", [
+    ('```json\n{"question": "What is 2 + 2?", "answer": "4"}\n```', {"question": "What is 2 + 2?", "answer": "4"}),
+    ('Sure! {"a": 1} and then {"b": {"c": 2}}', {"b": {"c": 2}}),
+    ("no json here", None),
+    ('```json\n{"broken": \n```', None),
+    ("[1, 2, 3]", None),
+])
+def test_parse_spec(text, spec):
+    assert parse_spec(text) == spec
+
+
+# ---------------------------------------------------------------------------------------
+# the loop
+
+
+def responder(request, k):
+    """Policy, judge and rewriter in one fake model, chosen by the prompt."""
+    last = request.messages[-1]["content"]
+    if "## Its spec (JSON)" in last:   # rewriter: a harder/easier arithmetic question
+        q = re.search(r'"question": "What is ([^"]+)\?"', last)
+        expr = (q.group(1) if q else "1 + 1") + " + 1"
+        spec = {"question": f"What is {expr}?", "answer": str(eval(expr))}
+        return f"```json\n{json.dumps(spec)}\n```"
+    if "## The agent's response" in last:   # judge
+        return ["looks right \\boxed{+1}", "wrong \\boxed{-1}", "unsure"][k % 3]
+    m = re.search(r"What is ([0-9+\-* ]+)\?", last)   # policy
+    value = eval(m.group(1))
+    first = int(m.group(1).split()[0])
+    if first % 2 == 0 or k % 2 == 0:   # even first operand: always right (acc 1 -> harder)
+        return f"\\boxed{{{value}}}"
+    return "\\boxed{-1}"
+
+
+def _config(tmp_path, tiny_model, keep_last=1, **switches):
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(4, seed=5))
+    evals = write_jsonl(tmp_path / "eval.jsonl", make_tasks(2, seed=6, split="eval"))
+    lines = [f'name = "{switches.pop("name", "t")}"', f'runs_dir = "{tmp_path / "runs"}"',
+             "iterations = 2", f'tasks = "{tasks}"', f'eval_tasks = "{evals}"',
+             f'model = "{tiny_model}"', 'engine = "fake"', f"keep_last = {keep_last}"]
+    lines += [f"{k} = {str(v).lower()}" for k, v in switches.items()]
+    lines += ["[rollout]", "n = 4", "[judge]", "m = 3", "[train_policy]", "micro_batch = 4",
+              "grad_accum = 1", "lora_r = 4", "[train_rm]", "micro_batch = 8", "grad_accum = 1",
+              "lora_r = 4", "max_steps = 1", "[eval]", "n = 2", "k = [1, 2]"]
+    path = tmp_path / "loop.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _run(config, **kw):
+    cfg = load_config(config, kw)
+    loop = Loop(cfg, config)
+    loop._engine = FakeEngine(responder, model="fake")   # inject the engine
+    loop.run()
+    return loop
+
+
+def test_loop_runs_resumes_and_skips(tmp_path, tiny_model):
+    config = _config(tmp_path, tiny_model, keep_last=2)
+    loop = _run(config)
+    run = loop.dir
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["iteration"] for m in metrics] == [0, 1]
+    it0, it1 = run / "iter_000", run / "iter_001"
+    for name in ("trajectories.jsonl", "judgments.jsonl", "scored.jsonl", "task_stats.jsonl",
+                 "next_tasks.jsonl", "candidates.jsonl", "decisions.jsonl", "eval.json"):
+        assert (it1 / name).exists(), name
+    # iteration 0 proposed harder rewrites of the always-solved tasks; iteration 1 rolled
+    # them out beside the pool and decided on each with a reason
+    cands = read_jsonl(it0 / "candidates.jsonl")
+    assert cands and all(c["lineage"]["direction"] == "harder" for c in cands)
+    rolled = {t["task_id"] for t in read_jsonl(it1 / "rollout_tasks.jsonl")}
+    assert {c["task_id"] for c in cands} <= rolled
+    decisions = [d for d in read_jsonl(it1 / "decisions.jsonl") if d["kind"] == "decision"]
+    assert len(decisions) == len(cands) and all(d["reason"] for d in decisions)
+    assert metrics[1]["accepted_tasks"] == sum(d["accepted"] for d in decisions)
+    # the policy adapter of iteration 0 is what iteration 1 rolled out with
+    traj = read_jsonl(it1 / "trajectories.jsonl")[0]
+    assert traj["policy"]["adapter"] == str(it0 / "policy")
+    assert (it0 / "policy" / "rlany.json").exists()   # keep_last = 2: nothing pruned
+
+    # a rerun of a finished run does nothing and calls no engine
+    again = _run(config)
+    assert again._engine.stats.calls == 0
+
+    # killed in the middle of iteration 1's judge: the judge's output, everything after it
+    # and done.json are missing (pruning only ever happens after done.json)
+    snapshot = {n: (it1 / n).read_bytes() for n in ("judgments.jsonl", "scored.jsonl",
+                                                    "next_tasks.jsonl")}
+    for name in ("done.json", "judgments.jsonl", "judgments.meta.json", "scored.jsonl",
+                 "scored.meta.json", "task_stats.jsonl", "task_stats.meta.json",
+                 "next_tasks.jsonl", "next_tasks.meta.json", "eval.json", "eval.meta.json"):
+        (it1 / name).unlink()
+    shutil.rmtree(it1 / "policy")
+    shutil.rmtree(it1 / "rm")
+    resumed = _run(config)
+    assert resumed._engine.stats.calls > 0
+    for name, data in snapshot.items():
+        assert (it1 / name).read_bytes() == data, name   # same records, no duplicates
+    assert len(read_jsonl(run / "metrics.jsonl")) == 2
+
+
+def test_ablation_switches_change_what_runs(tmp_path, tiny_model):
+    config = _config(tmp_path, tiny_model, name="policy-only", step_feedback=False,
+                     rm_training=False, env_adaptation=False)
+    loop = _run(config)
+    d = loop.dir / "iter_000"
+    # keep_last = 1: iteration 0's policy was pruned once iteration 1 finished
+    assert (d / "policy.pruned").exists() and not (d / "policy").exists()
+    assert (loop.dir / "iter_001" / "policy" / "rlany.json").exists()
+    assert not (d / "judgments.jsonl").exists()      # nothing needs the judge
+    assert not (d / "rm").exists() and not (d / "candidates.jsonl").exists()
+    assert (d / "next_tasks.jsonl").read_bytes() == (d / "tasks.jsonl").read_bytes()
+    scored = read_jsonl(d / "scored.jsonl")
+    assert all(s["reward"] == t["outcome"] for t in scored for s in t["steps"])   # λ = 0
+
+
+def test_config_errors(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\ntasks = "t.jsonl"\nlambda = 3\n')
+    with pytest.raises(RlanyError, match="unknown key 'lambda'"):
+        load_config(str(bad))
+    bad.write_text('name = "x"\ntasks = "t.jsonl"\nstep_feedback = false\n[score]\nlam = 1.0\n')
+    with pytest.raises(RlanyError, match="step_feedback = false"):
+        load_config(str(bad))
+    bad.write_text('name = "x"\ntasks = "t.jsonl"\n[rollout]\nn = "four"\n')
+    with pytest.raises(RlanyError, match="rollout.n' must be int"):
+        load_config(str(bad))
+
+
+def test_report_writes_plots_and_tables(tmp_path, cli):
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    rows = [{"iteration": i, "train_acc": 0.4 + 0.1 * i, "eval_success": 0.5 + 0.05 * i,
+             "accepted_tasks": i, "seconds": {"rollout": 3.0, "judge": 5.0}} for i in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "eval_base.json").write_text(json.dumps({"success_rate": 0.45}))
+    r = cli("report", str(run))
+    assert r.returncode == 0, r.stderr
+    md = (run / "report" / "report.md").read_text()
+    assert "| 2 | 0.600 | 0.600 |" in md and (run / "report" / "eval_success.png").stat().st_size > 1000
+    r = cli("report", str(run), str(run), "-o", str(tmp_path / "cmp"))
+    assert r.returncode == 0 and "| r | 0.450 | 0.600 |" in (tmp_path / "cmp" / "report.md").read_text()
