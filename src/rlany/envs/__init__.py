@@ -46,6 +46,8 @@ class Environment(Protocol):
 # name -> "module:attribute" of a class/factory taking no arguments
 BUILTIN = {
     "reasoning": "rlany.envs.reasoning:ReasoningEnv",
+    "household": "rlany.envs.household:HouseholdEnv",
+    "coding": "rlany.envs.coding:CodingEnv",
 }
 _registered: dict[str, Callable[[], Environment]] = {}
 

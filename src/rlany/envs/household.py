@@ -1,0 +1,410 @@
+"""`household`: a multi-turn text world in the spirit of ALFWorld, generated offline.
+
+A world has rooms; each room has receptacles (countertop 1, fridge 1, cabinet 2, ...), some
+closed; objects (apple 1, mug 2, ...) lie in receptacles. The agent sees its room, where it
+stands, what it carries, and a numbered list of admissible actions every turn:
+
+    go to ROOM | go to RECEPTACLE (same room) | open/close RECEPTACLE | take OBJ from RECEPTACLE
+    put OBJ in/on RECEPTACLE | clean OBJ with sinkbasin N | heat OBJ with microwave N
+    cool OBJ with fridge N | use desklamp N | look | inventory
+
+Goal kinds (ALFWorld's, plus an easy `pick` level to start small models on):
+    pick              hold an OBJ
+    pick_and_place    put an OBJ in/on a TARGET
+    pick_two          put two OBJs in/on a TARGET
+    clean_and_place   clean an OBJ (at a sinkbasin), then put it in/on a TARGET
+    heat_and_place    heat an OBJ (microwave), then put it ...
+    cool_and_place    cool an OBJ (fridge), then put it ...
+    look_at_in_light  hold an OBJ and use a desklamp in the same room
+
+A response is mapped to an action: a number picks from the list, else the last non-empty
+line is matched to the nearest admissible action with rapidfuzz (WRatio, cutoff 85); the
+match and its score are recorded in the step info. Anything else: "Nothing happens."
+
+The spec is JSON a rewriter can edit (goal kind, object and target types, hint, layout,
+max_steps); `validate` checks it is well-formed and solvable by running the scripted
+expert (`expert_actions`) through the environment itself.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from copy import deepcopy
+
+from rlany.envs import StepResult
+from rlany.errors import RlanyError
+from rlany.records import Lineage, Task
+
+KINDS = ("pick", "pick_and_place", "pick_two", "clean_and_place", "heat_and_place",
+         "cool_and_place", "look_at_in_light")
+APPLIANCE = {"clean_and_place": "sinkbasin", "heat_and_place": "microwave",
+             "cool_and_place": "fridge", "look_at_in_light": "desklamp"}
+STATE = {"clean_and_place": "clean", "heat_and_place": "hot", "cool_and_place": "cool"}
+OPENABLE = {"fridge", "cabinet", "drawer", "microwave", "safe"}
+RECEPTACLES = ("countertop", "cabinet", "drawer", "shelf", "table", "fridge", "microwave",
+               "sinkbasin", "desklamp", "sidetable", "safe")
+OBJECTS = ("apple", "mug", "bread", "book", "plate", "knife", "pen", "potato", "egg", "cup",
+           "tomato", "keychain", "bowl", "spoon")
+ROOMS = ("kitchen", "livingroom", "bedroom", "bathroom")
+PROMPT = ("You are a household robot. Each turn, answer with exactly one admissible action, "
+          "either its number or its text.")
+
+
+def goal_text(goal: dict) -> str:
+    obj, target, kind = goal["object"], goal.get("target"), goal["kind"]
+    a = "an" if obj[0] in "aeiou" else "a"
+    return {
+        "pick": f"find {a} {obj} and pick it up.",
+        "pick_and_place": f"put {a} {obj} in/on the {target}.",
+        "pick_two": f"put two {obj}s in/on the {target}.",
+        "clean_and_place": f"put a clean {obj} in/on the {target}.",
+        "heat_and_place": f"put a hot {obj} in/on the {target}.",
+        "cool_and_place": f"put a cool {obj} in/on the {target}.",
+        "look_at_in_light": f"look at {a} {obj} under the desklamp.",
+    }[kind]
+
+
+def _type(name: str) -> str:
+    return name.rsplit(" ", 1)[0]
+
+
+class HouseholdEnv:
+    name = "household"
+
+    def __init__(self) -> None:
+        self.spec: dict = {}
+
+    # -- protocol ----------------------------------------------------------------------
+    def reset(self, task: Task) -> str:
+        problems = self.validate(task.spec, check_solvable=False)
+        if problems:
+            raise RlanyError(f"bad household spec: {'; '.join(problems)}")
+        self.spec = task.spec
+        self.rooms = {r: {x["name"]: {"type": x["type"], "closed": bool(x.get("closed")),
+                                      "contents": list(x.get("contents", []))}
+                          for x in recs} for r, recs in task.spec["rooms"].items()}
+        self.room = task.spec["start_room"]
+        self.at: str | None = None
+        self.holding: list[str] = []
+        self.states: dict[str, set[str]] = {}
+        self.lamp_used_with: str | None = None
+        self.steps = 0
+        return self._observe(f"You are in the {self.room}. Your task is to: "
+                             f"{goal_text(task.spec['goal'])}")
+
+    def step(self, response: str) -> StepResult:
+        self.steps += 1
+        admissible = self.admissible()
+        action, info = self._parse(response, admissible)
+        feedback = self._apply(action) if action else "Nothing happens."
+        success = self._goal_met()
+        done = success or self.steps >= self.spec.get("max_steps", 20)
+        obs = feedback if done else self._observe(feedback)
+        return StepResult(obs=obs, done=done, success=success, action=action, info=info)
+
+    def describe(self, task: Task) -> str:
+        spec = task.spec
+        layout = "; ".join(f"{room}: " + ", ".join(
+            f"{r['name']}{' (closed)' if r.get('closed') else ''}"
+            + (f" [{', '.join(r['contents'])}]" if r.get("contents") else "")
+            for r in recs) for room, recs in spec["rooms"].items())
+        hint = f" Hint: {spec['hint']}" if spec.get("hint") else ""
+        return (f"Goal: {goal_text(spec['goal'])} The robot starts in the {spec['start_room']}."
+                f" Layout: {layout}. Step limit: {spec.get('max_steps', 20)}.{hint}")
+
+    def validate(self, spec: dict, check_solvable: bool = True) -> list[str]:
+        problems = _check_shape(spec)
+        if problems or not check_solvable:
+            return problems
+        env = HouseholdEnv()
+        task = Task(task_id="validate", env="household", spec=spec, prompt="")
+        env.reset(task)
+        plan = expert_actions(spec)
+        if plan is None:
+            return ["no plan reaches the goal (missing objects, target or appliance)"]
+        for action in plan:
+            result = env.step(action)
+            if result.done:
+                return [] if result.success else [f"the expert needs more than max_steps "
+                                                  f"{spec.get('max_steps', 20)} steps"]
+        return ["the expert's plan does not reach the goal"]
+
+    # -- mechanics ---------------------------------------------------------------------
+    def _recs(self) -> dict:
+        return self.rooms[self.room]
+
+    def admissible(self) -> list[str]:
+        acts = [f"go to {r}" for r in self.rooms if r != self.room]
+        acts += [f"go to {name}" for name in self._recs() if name != self.at]
+        if self.at:
+            rec = self._recs()[self.at]
+            if rec["type"] in OPENABLE:
+                acts.append(f"close {self.at}" if not rec["closed"] else f"open {self.at}")
+            if not rec["closed"]:
+                acts += [f"take {o} from {self.at}" for o in rec["contents"]]
+                acts += [f"put {o} in/on {self.at}" for o in self.holding]
+            verb = {"sinkbasin": "clean", "microwave": "heat", "fridge": "cool"}.get(rec["type"])
+            if verb:
+                acts += [f"{verb} {o} with {self.at}" for o in self.holding]
+            if rec["type"] == "desklamp":
+                acts.append(f"use {self.at}")
+        return acts + ["look", "inventory"]
+
+    def _observe(self, feedback: str) -> str:
+        where = f"You are at {self.at} in the {self.room}." if self.at else \
+            f"You are in the {self.room}."
+        seen = []
+        for name, rec in self._recs().items():
+            if rec["closed"]:
+                seen.append(f"{name} (closed)")
+            elif rec["contents"]:
+                seen.append(f"{name} with {', '.join(rec['contents'])}")
+            else:
+                seen.append(name)
+        carrying = ", ".join(self.holding) or "nothing"
+        acts = "\n".join(f"{k + 1}. {a}" for k, a in enumerate(self.admissible()))
+        return (f"{feedback}\n{where} You see: {'; '.join(seen)}. You carry: {carrying}.\n"
+                f"Admissible actions:\n{acts}")
+
+    def _parse(self, response: str, admissible: list[str]) -> tuple[str | None, dict]:
+        from rapidfuzz import fuzz, process
+
+        lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
+        if not lines:
+            return None, {"parse": "empty"}
+        for line in (lines[0], lines[-1]):
+            m = re.fullmatch(r"(?:action\s*:?\s*)?(\d+)[.)]?", line, re.IGNORECASE)
+            if m and 1 <= int(m.group(1)) <= len(admissible):
+                return admissible[int(m.group(1)) - 1], {"parse": "number"}
+        text = re.sub(r"^(?:action\s*:\s*|\d+[.)]\s*)", "", lines[-1], flags=re.IGNORECASE)
+        # WRatio also scores a partial answer ("take apple" -> "take apple 1 from table 1")
+        best = process.extractOne(text.lower(), admissible, scorer=fuzz.WRatio, score_cutoff=85)
+        if best is None:
+            return None, {"parse": "no match", "text": text[:200]}
+        return best[0], {"parse": "fuzzy", "text": text[:200], "score": round(best[1], 1)}
+
+    def _apply(self, action: str) -> str:
+        recs = self._recs()
+        if action.startswith("go to "):
+            place = action[6:]
+            if place in self.rooms:
+                self.room, self.at, self.lamp_used_with = place, None, None
+                return f"You go to the {place}."
+            self.at = place
+            rec = recs[place]
+            if rec["closed"]:
+                return f"You arrive at {place}. It is closed."
+            return f"You arrive at {place}. " + (
+                f"On it you see {', '.join(rec['contents'])}." if rec["contents"]
+                else "You see nothing on it.")
+        if action.startswith(("open ", "close ")):
+            verb, _, place = action.partition(" ")
+            recs[place]["closed"] = verb == "close"
+            inside = recs[place]["contents"]
+            return f"You {verb} {place}." + (
+                f" In it you see {', '.join(inside)}." if verb == "open" and inside else "")
+        if action.startswith("take "):
+            obj = action[5:].split(" from ")[0]
+            recs[self.at]["contents"].remove(obj)
+            self.holding.append(obj)
+            return f"You pick up the {obj} from the {self.at}."
+        if action.startswith("put "):
+            obj = action[4:].split(" in/on ")[0]
+            self.holding.remove(obj)
+            recs[self.at]["contents"].append(obj)
+            return f"You put the {obj} in/on the {self.at}."
+        for verb, state in (("clean", "clean"), ("heat", "hot"), ("cool", "cool")):
+            if action.startswith(verb + " "):
+                obj = action[len(verb) + 1:].split(" with ")[0]
+                self.states.setdefault(obj, set()).add(state)
+                return f"You {verb} the {obj} using the {self.at}."
+        if action.startswith("use "):
+            self.lamp_used_with = ",".join(self.holding) or "nothing"
+            return f"You turn on the {self.at}."
+        if action == "inventory":
+            return f"You carry: {', '.join(self.holding) or 'nothing'}."
+        return "You look around."
+
+    def _goal_met(self) -> bool:
+        goal = self.spec["goal"]
+        kind, obj = goal["kind"], goal["object"]
+        if kind == "pick":
+            return any(_type(o) == obj for o in self.holding)
+        if kind == "look_at_in_light":
+            return any(_type(o) == obj for o in (self.lamp_used_with or "").split(","))
+        need = 2 if kind == "pick_two" else 1
+        state = STATE.get(kind)
+        for recs in self.rooms.values():
+            for rec in recs.values():
+                if rec["type"] != goal["target"]:
+                    continue
+                good = [o for o in rec["contents"] if _type(o) == obj
+                        and (state is None or state in self.states.get(o, set()))]
+                if len(good) >= need:
+                    return True
+        return False
+
+
+def _check_shape(spec: dict) -> list[str]:
+    if not isinstance(spec, dict):
+        return ["spec must be an object"]
+    problems = []
+    rooms, goal = spec.get("rooms"), spec.get("goal")
+    if not isinstance(rooms, dict) or not rooms:
+        return ["spec.rooms must be a non-empty object of room -> receptacles"]
+    if spec.get("start_room") not in rooms:
+        problems.append("spec.start_room must name a room")
+    names, objects = set(), []
+    for room, recs in rooms.items():
+        if not isinstance(recs, list):
+            problems.append(f"rooms.{room} must be a list")
+            continue
+        for r in recs:
+            if not isinstance(r, dict) or not isinstance(r.get("name"), str) or \
+                    r.get("type") not in RECEPTACLES or _type(r["name"]) != r["type"]:
+                problems.append(f"rooms.{room}: bad receptacle {str(r)[:80]}")
+                continue
+            if r["name"] in names:
+                problems.append(f"duplicate receptacle {r['name']}")
+            names.add(r["name"])
+            contents = r.get("contents", [])
+            if not isinstance(contents, list) or not all(
+                    isinstance(o, str) and _type(o) in OBJECTS for o in contents):
+                problems.append(f"{r['name']}: contents must be known objects")
+            else:
+                objects += contents
+    if len(objects) != len(set(objects)):
+        problems.append("an object is in two places")
+    if not isinstance(goal, dict) or goal.get("kind") not in KINDS:
+        return problems + [f"spec.goal.kind must be one of {', '.join(KINDS)}"]
+    if goal.get("object") not in OBJECTS:
+        problems.append("spec.goal.object must be a known object type")
+    if goal["kind"] not in ("pick", "look_at_in_light") and goal.get("target") not in RECEPTACLES:
+        problems.append("spec.goal.target must be a receptacle type")
+    steps = spec.get("max_steps", 20)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 100:
+        problems.append("spec.max_steps must be an integer in 1..100")
+    unknown = set(spec) - {"rooms", "start_room", "goal", "hint", "max_steps", "seed"}
+    if unknown:
+        problems.append(f"unknown spec keys {sorted(unknown)}")
+    return problems
+
+
+def expert_actions(spec: dict) -> list[str] | None:
+    """A scripted expert: fetch the needed objects, process them, deliver them."""
+    goal = spec["goal"]
+    kind = goal["kind"]
+    where = {}  # receptacle name -> (room, receptacle dict)
+    for room, recs in spec["rooms"].items():
+        for r in recs:
+            where[r["name"]] = (room, r)
+    objs = [(o, name) for name, (_, r) in where.items() for o in r.get("contents", [])
+            if _type(o) == goal["object"]]
+    need = 2 if kind == "pick_two" else 1
+    if len(objs) < need:
+        return None
+    plan: list[str] = []
+    room = spec["start_room"]
+    opened: set[str] = set()
+
+    def visit(name: str) -> None:
+        nonlocal room
+        target_room = where[name][0]
+        if target_room != room:
+            plan.append(f"go to {target_room}")
+            room = target_room
+        plan.append(f"go to {name}")
+        if where[name][1].get("closed") and name not in opened:
+            plan.append(f"open {name}")
+            opened.add(name)
+
+    appliance = APPLIANCE.get(kind)
+    app_name = next((n for n, (_, r) in where.items() if r["type"] == appliance), None)
+    if appliance and app_name is None:
+        return None
+    target = None
+    if kind not in ("pick", "look_at_in_light"):
+        target = next((n for n, (_, r) in where.items() if r["type"] == goal["target"]), None)
+        if target is None:
+            return None
+    for obj, src in objs[:need]:
+        visit(src)
+        plan.append(f"take {obj} from {src}")
+        if kind == "pick":
+            return plan
+        if kind == "look_at_in_light":
+            visit(app_name)
+            plan.append(f"use {app_name}")
+            return plan
+        if appliance:
+            visit(app_name)
+            verb = {"sinkbasin": "clean", "microwave": "heat", "fridge": "cool"}[appliance]
+            plan.append(f"{verb} {obj} with {app_name}")
+        visit(target)
+        plan.append(f"put {obj} in/on {target}")
+    return plan
+
+
+def make_tasks(n: int, seed: int, rooms: int = 1, receptacles: int = 4, distractors: int = 2,
+               kinds: str = "pick,pick_and_place", closed: float = 0.3, max_steps: int = 12,
+               split: str = "train", prefix: str = "house") -> list[Task]:
+    """Random solvable worlds. Knobs: rooms, receptacles per room, distractor objects,
+    goal kinds (comma list), probability that an openable receptacle starts closed."""
+    chosen = [k.strip() for k in kinds.split(",") if k.strip()]
+    if not chosen or set(chosen) - set(KINDS):
+        raise RlanyError(f"kinds must be a comma list of {', '.join(KINDS)}")
+    if not 1 <= rooms <= len(ROOMS) or receptacles < 2:
+        raise RlanyError(f"need 1 <= rooms <= {len(ROOMS)} and receptacles >= 2")
+    rng = random.Random(seed)
+    tasks, attempts = [], 0
+    while len(tasks) < n:
+        attempts += 1
+        if attempts > 100 * n:
+            raise RlanyError("could not generate solvable worlds with these knobs")
+        spec = _random_world(rng, rooms, receptacles, distractors, rng.choice(chosen), closed,
+                             max_steps)
+        if HouseholdEnv().validate(spec):
+            continue
+        task_id = f"{prefix}-{seed}-{len(tasks):04d}"
+        tasks.append(Task(task_id=task_id, env="household", spec=spec,
+                          prompt=PROMPT, lineage=Lineage(root_id=task_id), split=split))
+    return tasks
+
+
+def _random_world(rng: random.Random, n_rooms: int, n_recs: int, distractors: int, kind: str,
+                  closed: float, max_steps: int) -> dict:
+    room_names = rng.sample(ROOMS, n_rooms)
+    counters: dict[str, int] = {}
+
+    def named(kind_: str) -> str:
+        counters[kind_] = counters.get(kind_, 0) + 1
+        return f"{kind_} {counters[kind_]}"
+
+    goal_obj = rng.choice(OBJECTS)
+    needed = [APPLIANCE[kind]] if kind in APPLIANCE else []
+    target = None
+    if kind not in ("pick", "look_at_in_light"):
+        target = rng.choice([r for r in RECEPTACLES if r not in ("desklamp", "sinkbasin")])
+        needed.append(target)
+    world: dict[str, list] = {r: [] for r in room_names}
+    types = needed + [rng.choice(RECEPTACLES) for _ in range(n_recs * n_rooms - len(needed))]
+    rng.shuffle(types)
+    for k, t in enumerate(types):
+        rec = {"name": named(t), "type": t, "contents": []}
+        if t in OPENABLE and rng.random() < closed:
+            rec["closed"] = True
+        world[room_names[k % n_rooms]].append(rec)
+    holders = [r for recs in world.values() for r in recs if r["type"] != "desklamp"]
+    sources = [r for r in holders if r["type"] != target]  # the goal must not start done
+    obj_counts: dict[str, int] = {}
+    wanted = [goal_obj] * (2 if kind == "pick_two" else 1)
+    extra = [rng.choice([o for o in OBJECTS if o != goal_obj]) for _ in range(distractors)]
+    for k, obj in enumerate(wanted + extra):
+        obj_counts[obj] = obj_counts.get(obj, 0) + 1
+        rng.choice(sources if k < len(wanted) else holders)["contents"].append(
+            f"{obj} {obj_counts[obj]}")
+    spec = {"rooms": world, "start_room": room_names[0],
+            "goal": {"kind": kind, "object": goal_obj, **({"target": target} if target else {})},
+            "max_steps": max_steps}
+    return deepcopy(spec)
