@@ -1,17 +1,12 @@
 #!/usr/bin/env bash
-# The longest real pipeline that exists today, on SmolLM2-135M-Instruct on the CPU:
-# prepare the model (once) -> make tasks -> rollout -> judge -> score.
-# It grows as stages land (train-policy, train-rm, adapt-tasks, loop); nothing is faked.
+# `make demo`: prepare SmolLM2-135M-Instruct (once), run a short RLAnything loop on the CPU
+# (examples/reasoning/loop.toml: 2 iterations of rollout -> judge -> score -> train-policy ->
+# train-rm -> adapt-tasks -> eval), then write its report. Rerun to resume after a kill.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-out=${DEMO_OUT:-runs/demo}
-mkdir -p "$out"
+name=${DEMO_NAME:-demo}
 rlany models prepare smollm2 >/dev/null
-rlany envs make-tasks reasoning --n 8 --seed 0 -o "$out/tasks.jsonl"
-rlany rollout -i "$out/tasks.jsonl" -o "$out/trajectories.jsonl" --model smollm2 --n 4 \
-    --max-tokens 96 --temperature 0.8
-rlany judge -i "$out/trajectories.jsonl" -o "$out/judgments.jsonl" --model smollm2 --m 3 \
-    --max-tokens 96
-rlany score -i "$out/trajectories.jsonl" -j "$out/judgments.jsonl" -o "$out/scored.jsonl"
-echo "demo: outputs in $out (tasks, trajectories, judgments, scored, task_stats + .meta.json)" >&2
+rlany loop examples/reasoning/loop.toml --name "$name"
+rlany report "runs/$name"
+echo "demo: see runs/$name/report/report.md and its PNG plots" >&2

@@ -52,9 +52,13 @@ def test_actions_by_number_text_or_fuzzy_text():
     r = env.step(f"{number}")
     assert r.action == plan[0] and r.info["parse"] == "number"
     r = env.step(f"I think I should now do this.\nAction: {plan[1].upper()}")
-    assert r.action == plan[1] and r.info["parse"] == "fuzzy"
+    assert r.action == plan[1] and r.info["parse"] == "text"
     r = env.step("dance wildly")
     assert r.action is None and r.obs.startswith("Nothing happens.")
+    r = env.step("I'm in the room. You see: table 1 and many things I like")
+    assert r.action is None                        # prose that mentions a receptacle
+    r = env.step(plan[2][:-2] + "l")               # a spelling slip at the end
+    assert r.action == plan[2] and r.info["parse"] in ("fuzzy", "prefix")
 
 
 def test_edited_specs_are_validated():

@@ -18,7 +18,8 @@ Goal kinds (ALFWorld's, plus an easy `pick` level to start small models on):
     look_at_in_light  hold an OBJ and use a desklamp in the same room
 
 A response is mapped to an action: a number picks from the list, else the last non-empty
-line is matched to the nearest admissible action with rapidfuzz (WRatio, cutoff 85); the
+line is matched: an unambiguous prefix of one action, else the nearest admissible
+action by rapidfuzz ratio (cutoff 80); the
 match and its score are recorded in the step info. Anything else: "Nothing happens."
 
 The spec is JSON a rewriter can edit (goal kind, object and target types, hint, layout,
@@ -178,8 +179,16 @@ class HouseholdEnv:
             if m and 1 <= int(m.group(1)) <= len(admissible):
                 return admissible[int(m.group(1)) - 1], {"parse": "number"}
         text = re.sub(r"^(?:action\s*:\s*|\d+[.)]\s*)", "", lines[-1], flags=re.IGNORECASE)
-        # WRatio also scores a partial answer ("take apple" -> "take apple 1 from table 1")
-        best = process.extractOne(text.lower(), admissible, scorer=fuzz.WRatio, score_cutoff=85)
+        text = text.strip().rstrip(".").lower()
+        if text in admissible:
+            return text, {"parse": "text"}
+        # an unambiguous start of an action ("take apple" -> "take apple 1 from table 1")
+        starts = [a for a in admissible if a.startswith(text)] if len(text.split()) >= 2 else []
+        if len(starts) == 1:
+            return starts[0], {"parse": "prefix", "text": text[:200]}
+        # else the whole line must be close to one action (spelling slips, not prose that
+        # merely mentions a receptacle)
+        best = process.extractOne(text, admissible, scorer=fuzz.ratio, score_cutoff=80)
         if best is None:
             return None, {"parse": "no match", "text": text[:200]}
         return best[0], {"parse": "fuzzy", "text": text[:200], "score": round(best[1], 1)}
