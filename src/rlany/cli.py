@@ -250,7 +250,9 @@ def judge(
     """Judge every step with a generative reward model: m samples per step (sharing the
     prompt), each reasoning then giving +1 or -1; unparseable verdicts score 0."""
     from rlany.engines import Sampling
+    from rlany.jsonl import JsonlReader
     from rlany.judge import JudgeOptions
+    from rlany.records import Trajectory
     from rlany.runner import run_judge
 
     _positive(m=m, max_tokens=max_tokens, batch_trajectories=batch_trajectories)
@@ -260,6 +262,8 @@ def judge(
                         history_steps=history_steps, seed=seed,
                         sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
                                           top_p=top_p))
+    for _ in JsonlReader(input, Trajectory, "trajectories"):
+        pass  # a malformed line fails here, before an engine is started
     eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_judge(input, output, eng, opts, flags={
         "model": eng.model, "engine": engine, "adapter": adapter, "m": m,
@@ -299,7 +303,6 @@ IterationOpt = Annotated[int, typer.Option(help="Loop iteration, recorded in rla
 
 def _train_command(kind: str, input: str, output: str, model: str, adapter: str | None,
                    opts_kwargs: dict, iteration: int) -> None:
-    from rlany.models import resolve_model
     from rlany.runner import run_train
     from rlany.train import TrainOptions
 
@@ -308,7 +311,7 @@ def _train_command(kind: str, input: str, output: str, model: str, adapter: str 
               max_len=opts.max_len)
     if adapter and not opts.full:
         _check_adapter(adapter)
-    run_train(kind, input, output, resolve_model(model), adapter, opts, iteration)
+    run_train(kind, input, output, model, adapter, opts, iteration)
 
 
 @app.command("train-policy", epilog=_example(
@@ -403,7 +406,7 @@ def adapt_tasks(
     summary of the reward model's critiques."""
     from rlany.adapt import AdaptOptions
     from rlany.engines import Sampling
-    from rlany.runner import run_adapt
+    from rlany.runner import read_stats, read_tasks, run_adapt
 
     if not 0.0 <= alpha_low < alpha_high <= 1.0:
         raise RlanyError(f"need 0 <= --alpha-low < --alpha-high <= 1, got {alpha_low}, "
@@ -416,6 +419,10 @@ def adapt_tasks(
                         dup_threshold=dup_threshold, adapter=adapter, iteration=iteration,
                         seed=seed, sampling=Sampling(max_tokens=max_tokens,
                                                      temperature=temperature))
+    read_tasks(input)  # malformed inputs fail before an engine is started
+    read_stats(stats)
+    if pending:
+        read_tasks(pending)
     eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_adapt(input, stats, judgments, pending, output, candidates, decisions, eng, opts,
               flags={"model": eng.model, "engine": engine, "adapter": adapter,

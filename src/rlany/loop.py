@@ -313,7 +313,6 @@ class Loop:
         return ScoreOptions(**s)
 
     def _train(self, kind: str, d: Path, it: int, init: str | None) -> float:
-        from rlany.models import resolve_model
         from rlany.runner import run_train
         from rlany.train import TrainOptions
 
@@ -328,8 +327,7 @@ class Loop:
              f"{self.cfg.model}" + (f" --adapter {init}" if init else "") + f" --iteration {it}")
         start = time.time()
         try:
-            run_train(kind, str(d / "scored.jsonl"), str(out), resolve_model(self.cfg.model),
-                      init, opts, it)
+            run_train(kind, str(d / "scored.jsonl"), str(out), self.cfg.model, init, opts, it)
         except RlanyError as e:
             if "no training samples" not in e.message:
                 raise

@@ -175,7 +175,9 @@ def sha256_file(path: str | Path) -> str:
 
 def run_train(kind: str, input: str, output: str, base: str, adapter: str | None, opts,
               iteration: int, say: Callable[[str], None] = info) -> dict:
-    """Train the policy (kind 'policy') or the reward model ('rm'); write the checkpoint."""
+    """Train the policy (kind 'policy') or the reward model ('rm') of base model `base` (an
+    alias, a directory or a hub id); write the checkpoint."""
+    from rlany.models import resolve_model
     from rlany.records import Scored
     from rlany.train import load_model, policy_samples, rm_samples, tokenize, train
 
@@ -186,6 +188,9 @@ def run_train(kind: str, input: str, output: str, base: str, adapter: str | None
                          hint="choose another --output or delete it")
     if out.exists():
         raise RlanyError("output exists and is not a finished checkpoint", where=output)
+    for _ in JsonlReader(input, Scored, "scored"):
+        pass  # malformed data fails here, before a model is loaded
+    base = resolve_model(base)
     reader = JsonlReader(input, Scored, "scored")
     extract = policy_samples if kind == "policy" else rm_samples
     net, tokenizer = load_model(base, adapter, opts)
