@@ -10,7 +10,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-gpu test test-slow demo bench lint golden clean
+.PHONY: install install-gpu test test-slow demo bench bench-all lint golden clean
 
 install: $(VENV)/.installed-cpu
 
@@ -53,6 +53,9 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/run_all.py
+
+bench-all: install
+	$(PY) benchmarks/run_all.py --all
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
