@@ -153,8 +153,9 @@ class AtomicJsonl:
         if target.is_dir():
             raise RlanyError("output is a directory", where=self.path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                         suffix=".tmp")
+        _remove_stale_temps(target)
+        fd, self._tmp = tempfile.mkstemp(dir=target.parent,
+                                         prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp")
         self._out = os.fdopen(fd, "w", encoding="utf-8")
         return self
 
@@ -180,6 +181,24 @@ class AtomicJsonl:
         else:
             self._out.close()
             os.unlink(self._tmp)
+
+
+def _remove_stale_temps(target: Path) -> None:
+    """Temp files of writers that were killed (their pid, in the name, is gone)."""
+    for tmp in target.parent.glob(f".{target.name}.*.tmp"):
+        pid = tmp.name[len(target.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class ResumableJsonl:
