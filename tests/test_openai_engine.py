@@ -1,0 +1,81 @@
+"""The openai engine against a local stub of an OpenAI-compatible server (loopback only)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rlany.engines import EngineConfig, Request, Sampling
+from rlany.engines.openai import OpenAIEngine
+from rlany.errors import RlanyError
+
+
+class Stub(BaseHTTPRequestHandler):
+    fail_first = 0
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Stub.seen.append((self.path, body))
+        if Stub.fail_first > 0:
+            Stub.fail_first -= 1
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b"busy")
+            return
+        if self.path.endswith("/load_lora_adapter"):
+            out = b"Success"
+        else:
+            n = body["n"]
+            out = json.dumps({"choices": [
+                {"index": k, "message": {"content": f"{body['model']} says {k}"},
+                 "finish_reason": "stop",
+                 "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.0}]}}
+                for k in range(n)], "usage": {"prompt_tokens": 7, "completion_tokens": 2 * n}}
+            ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(out)
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    Stub.seen, Stub.fail_first = [], 0
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+def test_samples_logprobs_retries_and_adapters(server, tmp_path):
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=2,
+                                    timeout_s=5))
+    Stub.fail_first = 1   # one 503, then success: retried
+    res = eng.generate([Request([{"role": "user", "content": "hi"}],
+                                Sampling(n=3, max_tokens=5, logprobs=True, stop=("\n",)))])
+    assert [c.text for c in res[0].completions] == ["base says 0", "base says 1", "base says 2"]
+    assert res[0].completions[0].logprobs == [-0.5, -1.0]
+    body = Stub.seen[-1][1]
+    assert body["n"] == 3 and body["stop"] == ["\n"] and body["max_tokens"] == 5
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    res = eng.generate([Request([{"role": "user", "content": "hi"}], Sampling(n=1),
+                                adapter=str(adapter))] * 2)
+    loads = [b for p, b in Stub.seen if p.endswith("/load_lora_adapter")]
+    assert len(loads) == 1 and loads[0]["lora_path"] == str(adapter)   # hot-loaded once
+    assert res[0].completions[0].text.startswith(loads[0]["lora_name"])
+
+
+def test_unreachable_server_is_one_clear_error():
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="m", base_url="http://127.0.0.1:9/v1",
+                                    retries=0, timeout_s=1))
+    with pytest.raises(RlanyError, match="cannot reach the server"):
+        eng.generate([Request([{"role": "user", "content": "hi"}])])
