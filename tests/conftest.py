@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+# tests never reach a model hub: fail fast instead of waiting on network timeouts
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 from rlany.records import JudgeSample, Judgment, Step, StepJudgment, Trajectory, to_json, traj_id
 
 

@@ -61,3 +61,21 @@ def test_vllm_n_samples_share_one_request(vllm_engine):
     assert len({tuple(c.token_ids) for c in res[0].completions}) > 1   # real samples differ
     assert all(len(c.logprobs) == len(c.token_ids) for c in res[0].completions)
     assert vllm_engine.stats.calls >= 1 and vllm_engine.stats.completion_tokens > 0
+
+
+def test_hf_prefix_shared_samples_equal_separate_generation(hf):
+    """n greedy samples from one shared prefill equal n = 1 greedy generation, for prompts
+    of different lengths (left padding) in one batch."""
+    other = [{"role": "user", "content": "A much longer question, about many things: why?"}]
+    def greedy(n):
+        return Sampling(n=n, max_tokens=10, temperature=0.0, logprobs=True)
+
+    shared = hf.generate([Request(MESSAGES, greedy(3)), Request(other, greedy(3))])
+    single = hf.generate([Request(MESSAGES, greedy(1)), Request(other, greedy(1))])
+    for s, one in zip(shared, single):
+        want = one.completions[0]
+        assert [c.token_ids for c in s.completions] == [want.token_ids] * 3
+        # log-probs depend on positions and on the cached keys/values: a wrong position or
+        # a misaligned cache row would change them
+        for c in s.completions:
+            assert c.logprobs == pytest.approx(want.logprobs, abs=1e-4)

@@ -142,3 +142,53 @@ def test_outputs_are_byte_identical_across_runs(tmp_path, tasks_file, fake_scrip
         outs.append([(d / n).read_bytes() for n in ("traj.jsonl", "judg.jsonl", "scored.jsonl",
                                                    "task_stats.jsonl")])
     assert outs[0] == outs[1]
+
+
+LOOP_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_loop import responder
+from rlany.engines.fake import FakeEngine
+from rlany.loop import Loop, load_config
+cfg = load_config({config!r})
+loop = Loop(cfg, {config!r})
+loop._engine = FakeEngine(responder, model="fake")
+loop.run()
+"""
+
+LOOP_OUTPUTS = ("rollout_tasks.jsonl", "trajectories.jsonl", "judgments.jsonl", "scored.jsonl",
+                "task_stats.jsonl", "next_tasks.jsonl", "candidates.jsonl", "decisions.jsonl")
+
+
+@pytest.mark.slow
+def test_loop_survives_sigkill_at_random_points(tmp_path, tiny_model):
+    from pathlib import Path
+
+    from test_loop import _config
+
+    tests_dir = str(Path(__file__).parent)
+
+    def loop_cmd(folder):
+        folder.mkdir(exist_ok=True)
+        config = _config(folder, tiny_model, keep_last=2)
+        return [sys.executable, "-c", LOOP_SCRIPT.format(tests=tests_dir, config=config)]
+
+    def outputs(folder):
+        run = folder / "runs" / "t"
+        # adapter paths name the run's own folder: compare with that folder abstracted
+        return {f"{d.name}/{n}": (d / n).read_bytes().replace(str(folder).encode(), b"<root>")
+                for d in sorted(run.glob("iter_*")) for n in LOOP_OUTPUTS if (d / n).exists()}
+
+    ref = tmp_path / "ref"
+    duration = reference(loop_cmd(ref))
+    expected = outputs(ref)
+    rng = random.Random(7)
+    for k in range(8):
+        folder = tmp_path / f"kill{k}"
+        cmd = loop_cmd(folder)
+        for _ in range(2):
+            run_killed(cmd, rng.uniform(0.1, 1.0) * duration)
+        finish(cmd)
+        assert outputs(folder) == expected, k
+        lines = (folder / "runs" / "t" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(x)["iteration"] for x in lines] == [0, 1]

@@ -1,7 +1,8 @@
 """transformers `generate`: the slow fallback, and the reference for log-probs.
 
 Requests are grouped by (adapter, sampling settings) and generated in left-padded batches
-of up to `batch_size` sequences; the `n` samples of a request are `n` rows of one batch.
+of up to `batch_size` sequences; the `n` samples of a request are `n` rows of one batch
+that share one prefill of the prompt (its KV cache is repeated n times).
 Log-probs are of the raw (temperature 1) distribution at the chosen tokens.
 """
 
@@ -75,27 +76,29 @@ class HfEngine:
         order = sorted(range(len(requests)), key=lambda i: _group_key(requests[i]))
         for _, idx in groupby(order, key=lambda i: _group_key(requests[i])):
             idx = list(idx)
-            rows = [(i, k) for i in idx for k in range(requests[i].sampling.n)]
-            for b in range(0, len(rows), self.batch_size):
-                self._generate_rows(requests, rows[b:b + self.batch_size], results)
+            per = max(1, self.batch_size // requests[idx[0]].sampling.n)
+            for b in range(0, len(idx), per):
+                self._generate_chunk(requests, idx[b:b + per], results)
         done = [r for r in results if r is not None]
         self.stats.add(requests, done, time.perf_counter() - start)
         return done
 
-    def _generate_rows(self, requests, rows, results) -> None:
+    def _generate_chunk(self, requests, idx: list[int], results) -> None:
+        """Requests with the same sampling settings (so the same n), generated together.
+
+        With n > 1 each prompt is prefilled once and its KV cache repeated for the n samples
+        (the prefix sharing vLLM does with its prefix cache): the m judge samples of a step
+        cost one prefill, not m.
+        """
         import torch
 
-        first = requests[rows[0][0]]
-        s = first.sampling
-        prompts = {i: render(self.tokenizer, requests[i].messages) for i, _ in rows}
-        width = max(len(prompts[i]) for i, _ in rows)
-        ids = torch.tensor([[self._pad] * (width - len(prompts[i])) + prompts[i] for i, _ in rows])
-        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i])
-                             for i, _ in rows])
-        if s.seed is not None:
-            torch.manual_seed(s.seed + rows[0][1])
-        else:
-            torch.manual_seed(self.seed + self.stats.calls)
+        s = requests[idx[0]].sampling
+        n = s.n
+        prompts = [render(self.tokenizer, requests[i].messages) for i in idx]
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[self._pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        torch.manual_seed(s.seed if s.seed is not None else self.seed + self.stats.calls)
         kwargs = dict(max_new_tokens=s.max_tokens, pad_token_id=self._pad,
                       return_dict_in_generate=True, output_logits=s.logprobs)
         if s.temperature > 0:
@@ -104,11 +107,19 @@ class HfEngine:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if s.stop:
             kwargs.update(stop_strings=list(s.stop), tokenizer=self.tokenizer)
-        with self._use_adapter(first.adapter), torch.no_grad():
-            out = self.net.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        with self._use_adapter(requests[idx[0]].adapter), torch.no_grad():
+            if n > 1 and width > 1:
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                prefix = self.net(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
+                                  position_ids=positions[:, :-1], use_cache=True).past_key_values
+                prefix.batch_repeat_interleave(n)
+                kwargs["past_key_values"] = prefix
+            out = self.net.generate(input_ids=ids.repeat_interleave(n, 0),
+                                    attention_mask=mask.repeat_interleave(n, 0), **kwargs)
         gen = out.sequences[:, width:]
         eos = set(_as_list(self.net.generation_config.eos_token_id))
-        for row, (i, _) in enumerate(rows):
+        for row in range(gen.shape[0]):
+            i, prompt = idx[row // n], prompts[row // n]
             tokens = gen[row].tolist()
             finish = "length"
             for pos, tok in enumerate(tokens):
@@ -126,7 +137,7 @@ class HfEngine:
                 logprobs = torch.log_softmax(logits.float(), -1).gather(
                     -1, torch.tensor(tokens)[:, None])[:, 0].tolist()
             if results[i] is None:
-                results[i] = Result(prompt_token_ids=prompts[i], completions=[])
+                results[i] = Result(prompt_token_ids=prompt, completions=[])
             results[i].completions.append(Completion(text=text, token_ids=tokens,
                                                      finish_reason=finish, logprobs=logprobs))
 
@@ -135,8 +146,8 @@ class HfEngine:
 
 
 def _group_key(r: Request) -> tuple:
-    return (r.adapter or "", r.sampling.temperature, r.sampling.top_p, r.sampling.max_tokens,
-            r.sampling.stop, r.sampling.seed is None, r.sampling.logprobs)
+    return (r.adapter or "", r.sampling.n, r.sampling.temperature, r.sampling.top_p,
+            r.sampling.max_tokens, r.sampling.stop, r.sampling.seed is None, r.sampling.logprobs)
 
 
 def _as_list(x) -> list:
