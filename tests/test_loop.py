@@ -204,3 +204,20 @@ def test_report_writes_plots_and_tables(tmp_path, cli):
     assert "| 2 | 0.600 | 0.600 |" in md and (run / "report" / "eval_success.png").stat().st_size > 1000
     r = cli("report", str(run), str(run), "-o", str(tmp_path / "cmp"))
     assert r.returncode == 0 and "| r | 0.450 | 0.600 |" in (tmp_path / "cmp" / "report.md").read_text()
+
+
+def test_cli_adapt_tasks_with_no_pending_candidates(tmp_path, cli):
+    """An iteration may propose no candidate: an empty pending file is fine."""
+    pool = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(2, seed=0))
+    stats = write_jsonl(tmp_path / "stats.jsonl", [_stats(t.task_id, 0.5)
+                                                   for t in make_tasks(2, seed=0)])
+    (tmp_path / "pending.jsonl").write_text("")
+    script = tmp_path / "fake.json"
+    script.write_text('["no rewrite"]')
+    r = cli("adapt-tasks", "-i", str(pool), "--stats", str(stats), "--pending",
+            str(tmp_path / "pending.jsonl"), "-o", str(tmp_path / "next.jsonl"),
+            "--candidates", str(tmp_path / "cands.jsonl"), "--engine", "fake", "--model",
+            str(script))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "next.jsonl").read_bytes() == pool.read_bytes()
+    assert (tmp_path / "cands.jsonl").read_text() == ""

@@ -422,7 +422,7 @@ def adapt_tasks(
     read_tasks(input)  # malformed inputs fail before an engine is started
     read_stats(stats)
     if pending:
-        read_tasks(pending)
+        read_tasks(pending, allow_empty=True)
     eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_adapt(input, stats, judgments, pending, output, candidates, decisions, eng, opts,
               flags={"model": eng.model, "engine": engine, "adapter": adapter,

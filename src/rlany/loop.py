@@ -261,8 +261,8 @@ class Loop:
         tasks, reader = read_tasks(pool)
         inputs: list = [reader]
         pending = self.dir / f"iter_{it - 1:03d}" / "candidates.jsonl"
-        if it > 0 and pending.exists() and pending.stat().st_size:
-            extra, pending_reader = read_tasks(pending)
+        if it > 0 and pending.exists():
+            extra, pending_reader = read_tasks(pending, allow_empty=True)
             tasks += extra
             inputs.append(pending_reader)
         with AtomicJsonl(out) as w:

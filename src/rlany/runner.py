@@ -27,12 +27,13 @@ def tokens_per_s(engine) -> str:
     return f"{s.completion_tokens} tokens in {s.calls} generate calls, {rate:.0f} tokens/s"
 
 
-def read_tasks(path: str | Path):
-    """All tasks of a file (a task pool is small), with env names and unique ids checked."""
+def read_tasks(path: str | Path, allow_empty: bool = False):
+    """All tasks of a file (a task pool is small), with env names and unique ids checked.
+    `allow_empty` for candidate files: an iteration may propose no candidate at all."""
     from rlany import envs
     from rlany.records import Task
 
-    reader = JsonlReader(path, Task, "tasks")
+    reader = JsonlReader(path, Task, "tasks", allow_empty=allow_empty)
     tasks, seen = [], set()
     known = envs.names()
     for where, task in reader:
@@ -251,7 +252,7 @@ def run_adapt(tasks_path: str, stats_path: str, judgments: str | None, pending: 
     inputs: list = [pool_reader, {"path": str(stats_path), "sha256": sha256_file(stats_path)}]
     pending_tasks: list = []
     if pending:
-        pending_tasks, pending_reader = read_tasks(pending)
+        pending_tasks, pending_reader = read_tasks(pending, allow_empty=True)
         inputs.append(pending_reader)
     new_pool, decisions = decide(pool, pending_tasks, stats, opts)
     targets = {t.task_id for t in new_pool
