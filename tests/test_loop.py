@@ -219,5 +219,5 @@ def test_cli_adapt_tasks_with_no_pending_candidates(tmp_path, cli):
             "--candidates", str(tmp_path / "cands.jsonl"), "--engine", "fake", "--model",
             str(script))
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "next.jsonl").read_bytes() == pool.read_bytes()
+    assert read_jsonl(tmp_path / "next.jsonl") == read_jsonl(pool)
     assert (tmp_path / "cands.jsonl").read_text() == ""
