@@ -194,52 +194,44 @@ class Loop:
             info(f"loop: iteration {it} already complete")
             return
         d.mkdir(parents=True, exist_ok=True)
-        times: dict[str, float] = {}
         policy, rm = self._latest("policy", it), self._latest("rm", it)
         tasks = self._pool(it)
 
         self._rollout_tasks(it, tasks, d / "rollout_tasks.jsonl")
-        times["rollout"] = self._stage(d / "trajectories.jsonl", "rollout",
-                                       lambda: self._rollout(d, it, policy))
+        self._stage(d / "trajectories.jsonl", "rollout", lambda: self._rollout(d, it, policy))
         need_judge = self.cfg.step_feedback or self.cfg.rm_training or self.cfg.env_adaptation
         if need_judge:
-            times["judge"] = self._stage(d / "judgments.jsonl", "judge",
-                                         lambda: self._judge(d, it, rm))
+            self._stage(d / "judgments.jsonl", "judge", lambda: self._judge(d, it, rm))
         score_opts = self._score_opts()
         judgments = str(d / "judgments.jsonl") if need_judge else None
-        times["score"] = self._stage(d / "task_stats.jsonl", "score", lambda: run_score(
+        self._stage(d / "task_stats.jsonl", "score", lambda: run_score(
             str(d / "trajectories.jsonl"), judgments, str(d / "scored.jsonl"),
             str(d / "task_stats.jsonl"), score_opts, flags={"lam": score_opts.lam}),
             cmd=f"rlany score -i {d}/trajectories.jsonl"
                 + (f" -j {judgments}" if judgments else "")
                 + f" -o {d}/scored.jsonl --lam {score_opts.lam}")
-        times["train_policy"] = self._train("policy", d, it, policy)
+        self._train("policy", d, it, policy)
         if self.cfg.rm_training:
-            times["train_rm"] = self._train("rm", d, it, rm)
+            self._train("rm", d, it, rm)
         if self.cfg.env_adaptation:
-            times["adapt"] = self._stage(d / "next_tasks.jsonl", "adapt-tasks",
-                                         lambda: self._adapt(d, it))
+            self._stage(d / "next_tasks.jsonl", "adapt-tasks", lambda: self._adapt(d, it))
         elif not (d / "next_tasks.jsonl").exists():
             shutil.copyfile(d / "tasks.jsonl", d / "next_tasks.jsonl")
         if self.cfg.eval_tasks:
-            t = time.time()
             self._eval(d / "eval.json", self._latest("policy", it + 1),
                        self._latest("rm", it + 1))
-            times["eval"] = time.time() - t
-        self._finish_iteration(d, it, times)
+        self._finish_iteration(d, it)
 
     # -- stages ------------------------------------------------------------------------
-    def _stage(self, output: Path, name: str, fn, cmd: str | None = None) -> float:
+    def _stage(self, output: Path, name: str, fn, cmd: str | None = None) -> None:
         from rlany.jsonl import meta_path
 
         if meta_path(output).exists():
             info(f"loop: skip {name}: {output} is complete")
-            return 0.0
+            return
         if cmd:
             info(f"loop: $ {cmd}")
-        start = time.time()
         fn()
-        return time.time() - start
 
     def _pool(self, it: int) -> Path:
         d = self.dir / f"iter_{it:03d}"
@@ -312,7 +304,7 @@ class Loop:
             s["lam"] = 0.0
         return ScoreOptions(**s)
 
-    def _train(self, kind: str, d: Path, it: int, init: str | None) -> float:
+    def _train(self, kind: str, d: Path, it: int, init: str | None) -> None:
         from rlany.runner import run_train
         from rlany.train import TrainOptions
 
@@ -320,12 +312,11 @@ class Loop:
         skipped = d / f"{kind}.skipped.json"
         if (out / "rlany.json").exists() or skipped.exists():
             info(f"loop: skip train-{kind}: {out} is complete")
-            return 0.0
+            return
         section = self.cfg.sections.get(f"train_{kind}", {})
         opts = TrainOptions(seed=self.cfg.seed, **section)
         info(f"loop: $ rlany train-{kind} -i {d}/scored.jsonl -o {out} --model "
              f"{self.cfg.model}" + (f" --adapter {init}" if init else "") + f" --iteration {it}")
-        start = time.time()
         try:
             run_train(kind, str(d / "scored.jsonl"), str(out), self.cfg.model, init, opts, it)
         except RlanyError as e:
@@ -334,7 +325,6 @@ class Loop:
             from rlany.jsonl import write_text_atomic
             info(f"loop: train-{kind} skipped: {e.message}; the {kind} stays as it was")
             write_text_atomic(skipped, json.dumps({"reason": e.message}) + "\n")
-        return time.time() - start
 
     def _adapt(self, d: Path, it: int) -> None:
         from rlany.adapt import AdaptOptions
@@ -396,11 +386,10 @@ class Loop:
                                  "raise keep_last")
         return None
 
-    def _finish_iteration(self, d: Path, it: int, times: dict[str, float]) -> None:
+    def _finish_iteration(self, d: Path, it: int) -> None:
         from rlany.jsonl import write_text_atomic
 
-        metrics = {"iteration": it, **collect_metrics(d), "seconds": {
-            k: round(v, 1) for k, v in times.items()}}
+        metrics = {"iteration": it, **collect_metrics(d)}
         write_text_atomic(d / "done.json", json.dumps(metrics, indent=2) + "\n")
         self._prune(it)
         self._write_metrics()
@@ -438,7 +427,20 @@ def collect_metrics(d: Path) -> dict:
     score, judge, adapt = meta("scored.meta.json"), meta("judgments.meta.json"), \
         meta("next_tasks.meta.json")
     evaluation = json.loads((d / "eval.json").read_text()) if (d / "eval.json").exists() else {}
+
+    def seconds(name: str) -> float | None:  # from the sidecars: right after a resume too
+        p = d / name
+        return json.loads(p.read_text()).get("wall_time_s") if p.exists() else None
+
+    stage_seconds = {"rollout": seconds("trajectories.meta.json"),
+                     "judge": seconds("judgments.meta.json"),
+                     "score": seconds("scored.meta.json"),
+                     "train_policy": ckpt("policy").get("seconds"),
+                     "train_rm": ckpt("rm").get("seconds"),
+                     "adapt": seconds("next_tasks.meta.json"),
+                     "eval": seconds("eval.meta.json")}
     return {
+        "seconds": {k: round(v, 1) for k, v in stage_seconds.items() if v is not None},
         "train_acc": score.get("mean_acc"),
         "policy_samples": score.get("policy_samples"),
         "rm_samples": score.get("rm_samples"),

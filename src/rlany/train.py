@@ -182,6 +182,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
 
     from rlany.losses import ppo_clip_loss, token_logprobs
 
+    started = time.perf_counter()
     acc = Accelerator()
     torch.manual_seed(opts.seed)
     rank, world = acc.process_index, acc.num_processes
@@ -251,6 +252,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
         if (step + 1) % opts.save_every == 0 and step + 1 < len(steps) and acc.is_main_process:
             _save_state(partial, model, optimizer, acc, step + 1, meta)
     acc.wait_for_everyone()
+    summary["seconds"] = round(time.perf_counter() - started, 1)
     if acc.is_main_process:
         _save_final(acc.unwrap_model(model), tokenizer, output, {**meta, "metrics": summary,
                                                                  "options": asdict(opts)})
