@@ -373,7 +373,7 @@ def make_tasks(n: int, seed: int, rooms: int = 1, receptacles: int = 4, distract
             raise RlanyError("could not generate solvable worlds with these knobs")
         spec = _random_world(rng, rooms, receptacles, distractors, rng.choice(chosen), closed,
                              max_steps)
-        if HouseholdEnv().validate(spec):
+        if spec is None or HouseholdEnv().validate(spec):
             continue
         task_id = f"{prefix}-{seed}-{len(tasks):04d}"
         tasks.append(Task(task_id=task_id, env="household", spec=spec,
@@ -382,7 +382,7 @@ def make_tasks(n: int, seed: int, rooms: int = 1, receptacles: int = 4, distract
 
 
 def _random_world(rng: random.Random, n_rooms: int, n_recs: int, distractors: int, kind: str,
-                  closed: float, max_steps: int) -> dict:
+                  closed: float, max_steps: int) -> dict | None:
     room_names = rng.sample(ROOMS, n_rooms)
     counters: dict[str, int] = {}
 
@@ -406,6 +406,8 @@ def _random_world(rng: random.Random, n_rooms: int, n_recs: int, distractors: in
         world[room_names[k % n_rooms]].append(rec)
     holders = [r for recs in world.values() for r in recs if r["type"] != "desklamp"]
     sources = [r for r in holders if r["type"] != target]  # the goal must not start done
+    if not sources:
+        return None  # every holder is the target: no world to make from this draw
     obj_counts: dict[str, int] = {}
     wanted = [goal_obj] * (2 if kind == "pick_two" else 1)
     extra = [rng.choice([o for o in OBJECTS if o != goal_obj]) for _ in range(distractors)]
