@@ -40,7 +40,7 @@ test: install
 	$(BIN)/pytest -q
 
 test-slow: install
-	$(BIN)/pytest -q -m slow
+	$(BIN)/pytest -q -m 'slow or not slow'
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks

@@ -31,7 +31,7 @@ def main() -> dict:
     engine = make_engine(EngineConfig(kind="vllm", model=resolve_model("smollm2"),
                                       max_model_len=2048))
     tasks = make_tasks(8, seed=0, receptacles=3, distractors=1, kinds="pick_and_place",
-                       max_steps=3)
+                       max_steps=6)   # episodes are cut at 3 turns by the rollout below
     sampling = Sampling(max_tokens=48, temperature=0.8)
     opts = RolloutOptions(n=4, max_steps=3, history_turns=2, sampling=sampling)
     engine.generate([Request([{"role": "user", "content": "warm up"}], sampling)])
