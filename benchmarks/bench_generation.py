@@ -4,6 +4,8 @@
 Rollout: multi-turn household episodes (3 turns); the raw run replays each turn's exact
 prompts (taken from the trajectories) through engine.generate, one call per turn.
 Judge: the stage's m samples per step vs the same judge prompts sent raw with n = m.
+The prefix cache is reset before every measured phase: the raw replay must not reuse the
+KV cache the stage just filled with the same prompts.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def main() -> dict:
     opts = RolloutOptions(n=4, max_steps=3, history_turns=2, sampling=sampling)
     engine.generate([Request([{"role": "user", "content": "warm up"}], sampling)])
 
+    fresh = engine.llm.reset_prefix_cache
+    fresh()
     t0, s0 = time.perf_counter(), engine.stats.completion_tokens
     trajs = [t for g in rollout(tasks, engine, envs.make_env, opts) for t in g]
     t_stage, tok_stage = time.perf_counter() - t0, engine.stats.completion_tokens - s0
@@ -44,6 +48,7 @@ def main() -> dict:
         for k, step in enumerate(t.steps):
             turns.setdefault(k, []).append(Request(step.prompt_messages,
                                                    replace(sampling, n=1)))
+    fresh()
     t0, s0 = time.perf_counter(), engine.stats.completion_tokens
     for k in sorted(turns):
         engine.generate(turns[k])
@@ -51,10 +56,12 @@ def main() -> dict:
     rollout_ratio = (tok_stage / t_stage) / (tok_raw / t_raw)
 
     jopts = JudgeOptions(m=3, sampling=Sampling(max_tokens=48, temperature=0.8))
+    fresh()
     t0, s0 = time.perf_counter(), engine.stats.completion_tokens
     list(judge(trajs, engine, jopts))
     t_jstage, tok_jstage = time.perf_counter() - t0, engine.stats.completion_tokens - s0
     raw = [Request(p, replace(jopts.sampling, n=3)) for t in trajs for p in step_prompts(t, 5)]
+    fresh()
     t0, s0 = time.perf_counter(), engine.stats.completion_tokens
     engine.generate(raw)
     t_jraw, tok_jraw = time.perf_counter() - t0, engine.stats.completion_tokens - s0
