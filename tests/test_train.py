@@ -175,3 +175,30 @@ def test_cli_train_policy_then_train_rm(tiny_model, tmp_path, cli):
     # a finished checkpoint is never overwritten
     r = cli("train-rm", "-i", str(data), "-o", str(tmp_path / "rm"), "--model", tiny_model)
     assert r.returncode == 1 and "already exists" in r.stderr
+
+
+def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tmp_path):
+    """accelerate on 2 CPU processes (gloo DDP) vs 1 process, same global batch: each
+    step's gradient norm is the same, so the loss is scaled exactly once across processes."""
+    import os
+    import subprocess
+    import sys
+
+    data = "stages/score/out.jsonl"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "RLANY_DEBUG": "1"}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "-m", "rlany", "train-policy", "-i", data, "-o", str(tmp_path / "ddp"),
+                          "--model", tiny_model, "--micro-batch-size", "2", "--grad-accum", "1"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    one = subprocess.run([sys.executable, "-m", "rlany", "train-policy", "-i", data, "-o",
+                          str(tmp_path / "one"), "--model", tiny_model, "--micro-batch-size", "2",
+                          "--grad-accum", "2"], capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    a = [json.loads(x) for x in (tmp_path / "ddp.metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "one.metrics.jsonl").read_text().splitlines()]
+    assert len(a) == len(b) == 3                      # one writer: no duplicate lines
+    for x, y in zip(a, b):
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4, abs=1e-6)
+        assert x["tokens"] == y["tokens"]

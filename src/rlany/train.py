@@ -210,7 +210,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
 
     partial = output.with_name(output.name + ".partial")
     start_step = _resume(partial, model, optimizer, acc, meta)
-    if start_step:
+    if start_step and acc.is_main_process:
         log({"event": "resume", "step": start_step})
     model.train()
     summary = {"steps": len(steps), "samples": len(samples)}
@@ -241,13 +241,20 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
         grad_norm = acc.clip_grad_norm_(params, opts.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if world > 1:  # the step's numbers over all processes (loss: mean of the slices)
+            reduced = acc.reduce(torch.tensor([totals["loss"], totals["pg"], totals["kl"],
+                                               totals["clip_frac"]], device=acc.device), "mean")
+            totals.update(zip(("loss", "pg", "kl", "clip_frac"), reduced.tolist()))
+            totals["tokens"] = int(acc.reduce(torch.tensor(totals["tokens"], device=acc.device),
+                                              "sum").item())
         seconds = time.perf_counter() - t0
         record = {"step": step + 1, "of": len(steps), **{k: round(v, 6) if isinstance(v, float)
                                                          else v for k, v in totals.items()},
                   "grad_norm": round(float(grad_norm), 6), "lr": opts.lr,
                   "tokens_per_s": round(totals["tokens"] / seconds, 1),
                   "seconds": round(seconds, 3)}
-        log(record)
+        if acc.is_main_process:
+            log(record)
         summary.update({k: record[k] for k in ("loss", "kl", "clip_frac", "grad_norm")})
         if (step + 1) % opts.save_every == 0 and step + 1 < len(steps) and acc.is_main_process:
             _save_state(partial, model, optimizer, acc, step + 1, meta)
