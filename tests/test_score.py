@@ -203,8 +203,3 @@ def test_cli_wrong_file_kind_gets_a_hint(tmp_path, cli):
 def test_cli_debug_shows_traceback(tmp_path, cli):
     r = cli("score", "-i", str(tmp_path / "missing.jsonl"), env={"RLANY_DEBUG": "1"})
     assert r.returncode != 0 and "Traceback" in r.stderr
-
-
-def test_unbuilt_stage_says_so(cli):
-    r = cli("loop", "config.toml")
-    assert r.returncode == 1 and "not built yet" in r.stderr
