@@ -201,3 +201,17 @@ def test_fake_engine_sampling_params_pass_through():
     res = eng.generate([Request(messages=[{"role": "user", "content": "x"}],
                                 sampling=Sampling(n=2, stop=("STOP",)))])
     assert [c.text for c in res[0].completions] == ["a ", "a "]
+
+
+def test_cli_rollout_and_judge_read_stdin(tmp_path, cli):
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(3, seed=4))
+    pol = tmp_path / "p.json"
+    pol.write_text(json.dumps(["\\boxed{5}"]))
+    r = cli("rollout", "-i", "-", "-o", str(tmp_path / "t.jsonl"), "--engine", "fake",
+            "--model", str(pol), "--n", "2", stdin=tasks.read_text())
+    assert r.returncode == 0, r.stderr
+    assert len(read_jsonl(tmp_path / "t.jsonl")) == 6
+    r = cli("judge", "-i", "-", "-o", str(tmp_path / "j.jsonl"), "--engine", "fake", "--model",
+            str(pol), stdin=(tmp_path / "t.jsonl").read_text())
+    assert r.returncode == 0, r.stderr
+    assert len(read_jsonl(tmp_path / "j.jsonl")) == 6

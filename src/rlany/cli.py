@@ -115,7 +115,7 @@ def _refuse_same_file(*paths: str | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# engines, shared by rollout / judge (and later eval, adapt-tasks, loop)
+# engines, shared by rollout, judge, eval and adapt-tasks
 
 EngineOpt = Annotated[str, typer.Option(
     "--engine", help="vllm (in-process), hf (transformers), openai (a server), fake (a script "
@@ -158,6 +158,23 @@ def _start_engine(engine: str, model: str, dtype: str, seed: int, max_model_len:
 def _check_adapter(adapter: str | None) -> None:
     if adapter and not (Path(adapter) / "adapter_config.json").exists():
         raise RlanyError("not a LoRA adapter directory (no adapter_config.json)", where=adapter)
+
+
+def _stdin_to_file(path: str) -> str:
+    """Stages that validate their input before starting an engine read it twice: `-`
+    (stdin) is spooled once to a temp file for them. `score` streams stdin directly."""
+    if path != "-":
+        return path
+    import shutil
+    import tempfile
+
+    import atexit
+
+    with tempfile.NamedTemporaryFile("wb", prefix="rlany-stdin-", suffix=".jsonl",
+                                     delete=False) as f:
+        shutil.copyfileobj(sys.stdin.buffer, f)
+    atexit.register(os.unlink, f.name)
+    return f.name
 
 
 def _positive(**values: int) -> None:
@@ -207,6 +224,7 @@ def rollout(
     _positive(n=n, max_steps=max_steps, max_tokens=max_tokens, batch_tasks=batch_tasks)
     _check_adapter(adapter)
     _refuse_same_file(input, output)
+    input = _stdin_to_file(input)
     read_tasks(input)  # fail on bad tasks before starting an engine
     opts = RolloutOptions(n=n, max_steps=max_steps, iteration=iteration, seed=seed,
                           batch_tasks=batch_tasks, adapter=adapter, history_turns=history_turns,
@@ -258,6 +276,7 @@ def judge(
     _positive(m=m, max_tokens=max_tokens, batch_trajectories=batch_trajectories)
     _check_adapter(adapter)
     _refuse_same_file(input, output)
+    input = _stdin_to_file(input)
     opts = JudgeOptions(m=m, adapter=adapter, batch_trajectories=batch_trajectories,
                         history_steps=history_steps, seed=seed,
                         sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
@@ -311,7 +330,7 @@ def _train_command(kind: str, input: str, output: str, model: str, adapter: str 
               max_len=opts.max_len)
     if adapter and not opts.full:
         _check_adapter(adapter)
-    run_train(kind, input, output, model, adapter, opts, iteration)
+    run_train(kind, _stdin_to_file(input), output, model, adapter, opts, iteration)
 
 
 @app.command("train-policy", epilog=_example(
@@ -476,6 +495,7 @@ def eval_cmd(
         raise RlanyError(f"every --k must be between 1 and --n {n}, got {ks}")
     _check_adapter(adapter)
     _check_adapter(judge_adapter)
+    input = _stdin_to_file(input)
     read_tasks(input)
     opts = RolloutOptions(n=n, max_steps=max_steps, seed=seed, adapter=adapter,
                           sampling=Sampling(max_tokens=max_tokens, temperature=temperature))
