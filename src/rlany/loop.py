@@ -216,7 +216,7 @@ class Loop:
         if self.cfg.env_adaptation:
             self._stage(d / "next_tasks.jsonl", "adapt-tasks", lambda: self._adapt(d, it))
         elif not (d / "next_tasks.jsonl").exists():
-            shutil.copyfile(d / "tasks.jsonl", d / "next_tasks.jsonl")
+            _copy_atomic(d / "tasks.jsonl", d / "next_tasks.jsonl")
         if self.cfg.eval_tasks:
             self._eval(d / "eval.json", self._latest("policy", it + 1),
                        self._latest("rm", it + 1))
@@ -236,12 +236,9 @@ class Loop:
     def _pool(self, it: int) -> Path:
         d = self.dir / f"iter_{it:03d}"
         pool = d / "tasks.jsonl"
-        if not pool.exists():
-            src = Path(self.cfg.tasks) if it == 0 else \
-                self.dir / f"iter_{it - 1:03d}" / "next_tasks.jsonl"
-            tmp = pool.with_name(".tasks.jsonl.tmp")
-            shutil.copyfile(src, tmp)  # a copy: no pool is ever overwritten in place
-            tmp.replace(pool)
+        if not pool.exists():  # a copy: no pool is ever overwritten in place
+            _copy_atomic(Path(self.cfg.tasks) if it == 0 else
+                         self.dir / f"iter_{it - 1:03d}" / "next_tasks.jsonl", pool)
         return pool
 
     def _rollout_tasks(self, it: int, pool: Path, out: Path) -> None:
@@ -412,6 +409,12 @@ class Loop:
         lines = [json.dumps(json.loads(p.read_text()))
                  for p in sorted(self.dir.glob("iter_*/done.json"))]
         write_text_atomic(self.dir / "metrics.jsonl", "".join(x + "\n" for x in lines))
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.copyfile(src, tmp)
+    tmp.replace(dst)
 
 
 def collect_metrics(d: Path) -> dict:
