@@ -165,10 +165,9 @@ def _stdin_to_file(path: str) -> str:
     (stdin) is spooled once to a temp file for them. `score` streams stdin directly."""
     if path != "-":
         return path
+    import atexit
     import shutil
     import tempfile
-
-    import atexit
 
     with tempfile.NamedTemporaryFile("wb", prefix="rlany-stdin-", suffix=".jsonl",
                                      delete=False) as f:
