@@ -21,12 +21,6 @@ from rlany.jsonl import AtomicJsonl, JsonlReader, ResumableJsonl, write_meta, wr
 GEN_VERSIONS = ("vllm", "torch", "transformers")
 
 
-def tokens_per_s(engine) -> str:
-    s = engine.stats
-    rate = s.completion_tokens / s.seconds if s.seconds else 0.0
-    return f"{s.completion_tokens} tokens in {s.calls} generate calls, {rate:.0f} tokens/s"
-
-
 def read_tasks(path: str | Path, allow_empty: bool = False):
     """All tasks of a file (a task pool is small), with env names and unique ids checked.
     `allow_empty` for candidate files: an iteration may propose no candidate at all."""
