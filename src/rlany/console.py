@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 console = Console(stderr=True, highlight=False)
@@ -16,10 +14,6 @@ console = Console(stderr=True, highlight=False)
 def info(message: str) -> None:
     """A plain line for people (no rich markup is interpreted in `message`)."""
     console.print(message, markup=False, highlight=False, soft_wrap=True)
-
-
-def warn(message: str) -> None:
-    console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
 @contextmanager
@@ -45,12 +39,3 @@ class Bar:
 
     def advance(self, amount: int = 1) -> None:
         self._bar.advance(self._task, amount)
-
-
-class Timer:
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    @property
-    def seconds(self) -> float:
-        return time.perf_counter() - self.start

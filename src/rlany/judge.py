@@ -12,11 +12,10 @@ order `rlany score` reads them in.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from rlany.engines import Engine, Request, Sampling
+from rlany.engines import Engine, Request, Sampling, stable_seed
 from rlany.prompts import clip, judge_messages, parse_verdict
 from rlany.records import JudgeSample, Judgment, StepJudgment, Trajectory
 
@@ -74,7 +73,8 @@ def _judge_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOptio
                  judge_info: dict) -> Iterator[list[Judgment]]:
     prompts = {t.traj_id: step_prompts(t, opts.history_steps) for g in batch for t in g}
     requests = [Request(messages=p, adapter=opts.adapter,
-                        sampling=replace(opts.sampling, n=opts.m, seed=_seed(opts, tid, k)))
+                        sampling=replace(opts.sampling, n=opts.m,
+                                         seed=stable_seed(opts.seed, "judge", tid, k)))
                 for tid, steps in prompts.items() for k, p in enumerate(steps)]
     results = iter(engine.generate(requests))
     for group in batch:
@@ -89,8 +89,3 @@ def _judge_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOptio
             judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
                                       judge=judge_info, steps=steps))
         yield judgments
-
-
-def _seed(opts: JudgeOptions, traj_id: str, step: int) -> int:
-    key = f"{opts.seed}/judge/{traj_id}/{step}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") & 0x7FFFFFFF

@@ -14,12 +14,11 @@ resumed run that redoes a batch, draws the same samples from a seeded engine.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
-from rlany.engines import Engine, Request, Sampling
+from rlany.engines import Engine, Request, Sampling, stable_seed
 from rlany.envs import Environment
 from rlany.records import Step, Task, Trajectory, traj_id
 
@@ -80,7 +79,8 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
         members = list(groups.values())
         requests = [Request(messages=_window(g[0].messages, opts.history_turns),
                             sampling=replace(opts.sampling, n=len(g),
-                                             seed=_seed(opts, g[0], turn)),
+                                             seed=stable_seed(opts.seed, g[0].task.task_id,
+                                                             opts.iteration, turn, g[0].sample)),
                             adapter=opts.adapter) for g in members]
         results = engine.generate(requests)
         for group, result in zip(members, results):
@@ -139,11 +139,6 @@ def _window(messages: list[dict], turns: int | None) -> list[dict]:
     if turns is None or len(messages) <= 1 + 2 * turns:
         return messages
     return messages[:1] + messages[len(messages) - 2 * turns:] if turns else messages[:1]
-
-
-def _seed(opts: RolloutOptions, e: _Episode, turn: int) -> int:
-    key = f"{opts.seed}/{e.task.task_id}/{opts.iteration}/{turn}/{e.sample}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") & 0x7FFFFFFF
 
 
 def _trajectory(e: _Episode, opts: RolloutOptions, policy: dict) -> Trajectory:

@@ -35,6 +35,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -222,7 +223,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
         for k, batch_idx in enumerate(batches):
             batch = [samples[i] for i in batch_idx]
             sync = k == len(batches) - 1
-            ctx = acc.no_sync(model) if not sync and world > 1 else _null()
+            ctx = acc.no_sync(model) if not sync and world > 1 else nullcontext()
             with ctx:
                 logp, resp, adv = forward_logp(batch)
                 old_logp = torch.zeros_like(logp)
@@ -265,14 +266,6 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
                                                                  "options": asdict(opts)})
         shutil.rmtree(partial, ignore_errors=True)
     return summary
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _trainable(model, acc) -> dict:

@@ -14,6 +14,7 @@ Implementations (each a plain class; they share no base class):
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -30,6 +31,13 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: bool = False
+
+
+def stable_seed(*parts: object) -> int:
+    """A sampling seed derived from `parts` (not from call order), in 0..2**31-1, so a
+    rerun or a resumed stage draws the same samples from a seeded engine."""
+    key = "/".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
