@@ -167,7 +167,8 @@ class Loop:
     def run(self) -> None:
         self._init_run_dir()
         if self.cfg.eval_tasks:
-            self._eval(self.dir / "eval_base.json", adapter=None, judge_adapter=None)
+            out = self.dir / "eval_base.json"
+            self._stage(out, "eval", lambda: self._eval(out, adapter=None, judge_adapter=None))
         for it in range(self.cfg.iterations):
             self.iteration(it)
         self._write_metrics()
@@ -218,8 +219,8 @@ class Loop:
         elif not (d / "next_tasks.jsonl").exists():
             _copy_atomic(d / "tasks.jsonl", d / "next_tasks.jsonl")
         if self.cfg.eval_tasks:
-            self._eval(d / "eval.json", self._latest("policy", it + 1),
-                       self._latest("rm", it + 1))
+            self._stage(d / "eval.json", "eval", lambda: self._eval(
+                d / "eval.json", self._latest("policy", it + 1), self._latest("rm", it + 1)))
         self._finish_iteration(d, it)
 
     # -- stages ------------------------------------------------------------------------
@@ -344,14 +345,10 @@ class Loop:
 
     def _eval(self, out: Path, adapter: str | None, judge_adapter: str | None) -> None:
         from rlany.engines import Sampling
-        from rlany.jsonl import meta_path
         from rlany.judge import JudgeOptions
         from rlany.rollout import RolloutOptions
         from rlany.runner import run_eval
 
-        if meta_path(out).exists():
-            info(f"loop: skip eval: {out} is complete")
-            return
         s = dict(self.cfg.sections.get("eval", {}))
         ks = s.pop("k", [1])
         judge = s.pop("judge", True)
