@@ -79,3 +79,11 @@ def test_hf_prefix_shared_samples_equal_separate_generation(hf):
         # a misaligned cache row would change them
         for c in s.completions:
             assert c.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+
+
+def test_vllm_decodes_only_the_choices(vllm_engine):
+    choices = ("go to table 1", "look", "take apple 1 from table 1")
+    (result,) = vllm_engine.generate([Request([{"role": "user", "content": "pick one"}],
+                                              Sampling(n=6, max_tokens=16, temperature=1.0,
+                                                       choices=choices))])
+    assert all(c.text in choices for c in result.completions)

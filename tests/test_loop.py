@@ -166,6 +166,31 @@ def test_loop_runs_resumes_and_skips(tmp_path, tiny_model):
     assert {"rollout", "judge", "train_policy", "adapt", "eval"} <= set(final[1]["seconds"])
 
 
+def test_one_stage_steps_through_a_run_to_the_same_result(tmp_path, tiny_model):
+    from rlany.loop import StageDone
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    whole = _run(_config(tmp_path / "a", tiny_model, keep_last=2))
+    config = _config(tmp_path / "b", tiny_model, keep_last=2)
+    stages = []
+    while True:
+        loop = Loop(load_config(config), config, one_stage=True)
+        loop._engine = FakeEngine(responder, model="fake")
+        try:
+            loop.run()
+            break
+        except StageDone as done:
+            stages.append(str(done))
+    # eval of the base model, then 7 stages per iteration
+    assert stages == ["eval"] + ["rollout", "judge", "score", "train-policy", "train-rm",
+                                 "adapt-tasks", "eval"] * 2
+    for name in ("trajectories.jsonl", "judgments.jsonl", "scored.jsonl", "next_tasks.jsonl"):
+        a = (whole.dir / "iter_001" / name).read_text()
+        b = (loop.dir / "iter_001" / name).read_text()
+        assert a.replace(str(tmp_path / "a"), "") == b.replace(str(tmp_path / "b"), ""), name
+
+
 def test_ablation_switches_change_what_runs(tmp_path, tiny_model):
     config = _config(tmp_path, tiny_model, name="policy-only", step_feedback=False,
                      rm_training=False, env_adaptation=False)

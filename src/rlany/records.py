@@ -61,6 +61,8 @@ class Step:
     action: str | None  # the parsed action; None when the response held no valid action
     next_obs: str
     info: dict = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)  # image files shown with obs
+    next_images: list[str] = field(default_factory=list)  # image files shown with next_obs
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,11 @@ class Trajectory:
 
 @dataclass(frozen=True)
 class JudgeSample:
-    text: str  # the judge's full output: reasoning, then the verdict
+    text: str  # the judge's full output: reasoning, then the verdict (or the unit test)
     score: int  # +1 good step, -1 bad step, 0 unparseable
+    # mode "unit-tests": the test this sample wrote ({"input", "output"}; None: unparseable);
+    # score is then +1 when this trajectory's program passes it, -1 when it fails
+    test: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,9 @@ class Judgment:
     task_id: str
     judge: dict  # {"model": ..., "adapter": ...}
     steps: list[StepJudgment]
+    # "steps": m verdicts per step; "unit-tests": m tests written once per task, shared by
+    # its trajectories (same texts, in the same order), each run against every program
+    mode: str = "steps"
     extra: dict = field(default_factory=dict)
 
 

@@ -8,6 +8,15 @@ samples, so they share the prompt's KV cache. Each response goes to its episode'
 says done (outcome +1 on success, else -1), at `max_steps` (finish "max_steps", outcome -1),
 or when the env raises (finish "error", outcome -1, the message in the step info).
 
+Image observations (GUI envs): the current observation's images go into the newest user
+message as image parts; earlier user messages keep only their text, so the prompt carries
+one screen at a time. Each step records the images it was shown and the next ones.
+
+Constrained actions (`constrain_actions`): for envs that list their admissible actions
+(`env.choices()`), each response is decoded as exactly one of them (the engine's
+constrained decoding), so a small model's turns are never wasted on unparseable text.
+Training still sees the response as text under the unconstrained policy.
+
 Sampling seeds are derived from (seed, task_id, iteration, turn, sample), so a rerun, or a
 resumed run that redoes a batch, draws the same samples from a seeded engine.
 """
@@ -18,8 +27,10 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
+from rlany.chat import text_of, user_content
 from rlany.engines import Engine, Request, Sampling, stable_seed
-from rlany.envs import Environment
+from rlany.envs import Environment, split_obs
+from rlany.errors import RlanyError
 from rlany.records import Step, Task, Trajectory, traj_id
 
 
@@ -33,6 +44,7 @@ class RolloutOptions:
     sampling: Sampling = Sampling(max_tokens=256, temperature=1.0)
     adapter: str | None = None
     history_turns: int | None = None  # keep only the last K turns in the prompt (None: all)
+    constrain_actions: bool = False  # decode each response as one of env.choices()
 
 
 @dataclass
@@ -42,6 +54,7 @@ class _Episode:
     env: Environment
     messages: list[dict]
     obs: str = ""  # the observation the next response answers
+    images: list[str] = field(default_factory=list)  # its image files
     steps: list[Step] = field(default_factory=list)
     error: str | None = None
     finish: str | None = None
@@ -71,14 +84,16 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
         if not live:
             break
         groups: dict[str, list[_Episode]] = {}
+        choices = {id(e): _choices(e) if opts.constrain_actions else () for e in live}
         for e in live:
             # one request per (task, history): seeds then do not depend on what else is
             # in the batch; identical prompts of other tasks still share the prefix cache
-            key = json.dumps([e.task.task_id, _window(e.messages, opts.history_turns)])
+            key = json.dumps([e.task.task_id, _window(e.messages, opts.history_turns),
+                              choices[id(e)]])
             groups.setdefault(key, []).append(e)
         members = list(groups.values())
         requests = [Request(messages=_window(g[0].messages, opts.history_turns),
-                            sampling=replace(opts.sampling, n=len(g),
+                            sampling=replace(opts.sampling, n=len(g), choices=choices[id(g[0])],
                                              seed=stable_seed(opts.seed, g[0].task.task_id,
                                                              opts.iteration, turn, g[0].sample)),
                             adapter=opts.adapter) for g in members]
@@ -97,17 +112,25 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
         yield [_trajectory(e, opts, policy) for e in group]
 
 
+def _choices(e: _Episode) -> tuple[str, ...]:
+    listing = getattr(e.env, "choices", None)
+    if listing is None:
+        raise RlanyError(f"environment '{e.task.env}' does not list its actions (no "
+                         "choices() method), so --constrain-actions cannot be used with it")
+    return tuple(listing())
+
+
 def _start(task: Task, sample: int, make_env: Callable[[str], Environment]) -> _Episode:
     env = make_env(task.env)
     episode = _Episode(task=task, sample=sample, env=env, messages=[])
     try:
-        obs = env.reset(task)
+        obs, images = split_obs(env.reset(task))
     except Exception as e:  # a broken task must not take the batch down with it
         episode.finish, episode.error = "error", f"reset: {type(e).__name__}: {e}"
         return episode
     first = f"{task.prompt}\n\n{obs}" if task.prompt else obs
-    episode.messages = [{"role": "user", "content": first}]
-    episode.obs = obs
+    episode.messages = [{"role": "user", "content": user_content(first, images)}]
+    episode.obs, episode.images = obs, images
     return episode
 
 
@@ -117,21 +140,25 @@ def _advance(e: _Episode, request_messages: list[dict], response: str, finish_re
         result = e.env.step(response)
     except Exception as exc:
         e.steps.append(Step(obs=obs, prompt_messages=request_messages, response=response,
-                            action=None, next_obs="",
+                            action=None, next_obs="", images=e.images,
                             info={"error": f"step: {type(exc).__name__}: {exc}"}))
         e.finish = "error"
         return
     info = dict(result.info)
     if finish_reason == "length":
         info["truncated"] = True
+    next_images = [str(p) for p in result.images]
     e.steps.append(Step(obs=obs, prompt_messages=request_messages, response=response,
-                        action=result.action, next_obs=result.obs, info=info))
+                        action=result.action, next_obs=result.obs, info=info, images=e.images,
+                        next_images=next_images))
     if result.done:
         e.finish, e.success = ("success" if result.success else "failure"), result.success
         return
-    e.messages = e.messages + [{"role": "assistant", "content": response},
-                               {"role": "user", "content": result.obs}]
-    e.obs = result.obs
+    earlier = [{**m, "content": text_of(m["content"])} if m["role"] == "user" else m
+               for m in e.messages] if e.images else e.messages
+    e.messages = earlier + [{"role": "assistant", "content": response},
+                            {"role": "user", "content": user_content(result.obs, next_images)}]
+    e.obs, e.images = result.obs, next_images
 
 
 def _window(messages: list[dict], turns: int | None) -> list[dict]:

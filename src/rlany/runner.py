@@ -119,7 +119,7 @@ def run_rollout(tasks_path: str, output: str, engine, opts, flags: dict) -> dict
 
 
 def run_judge(input: str, output: str, engine, opts, flags: dict) -> dict:
-    from rlany.judge import judge
+    from rlany.judge import judge, unit_test_counts
     from rlany.records import Trajectory
 
     started = time.time()
@@ -129,13 +129,25 @@ def run_judge(input: str, output: str, engine, opts, flags: dict) -> dict:
     if done:
         info(f"judge: resuming, {len(done)} tasks already judged")
     tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
-    todo = (t for _, t in reader if t.task_id not in done)
+    outcomes: dict[str, int] = {}
+
+    def todo():
+        for _, t in reader:
+            if t.task_id not in done:
+                outcomes[t.traj_id] = t.outcome
+                yield t
     verdicts = {1: 0, -1: 0, 0: 0}
+    tests: dict[str, int] = {}
     try:
         with progress("judge", None) as bar:
-            for group in judge(todo, engine, opts, {"model": engine.model,
-                                                    "adapter": opts.adapter}):
+            for group in judge(todo(), engine, opts, {"model": engine.model,
+                                                      "adapter": opts.adapter}):
                 out.write_group(group[0].task_id, group)
+                if opts.mode == "unit-tests":
+                    for key, value in unit_test_counts(group, outcomes).items():
+                        tests[key] = tests.get(key, 0) + value
+                    for j in group:
+                        outcomes.pop(j.traj_id, None)
                 for j in group:
                     for s in j.steps:
                         for sample in s.samples:
@@ -150,14 +162,22 @@ def run_judge(input: str, output: str, engine, opts, flags: dict) -> dict:
     counts = {"judgments": out.count, "verdicts": total, "positive": verdicts[1],
               "negative": verdicts[-1], "unparseable": verdicts[0],
               "parse_fail_rate": verdicts[0] / total if total else 0.0,
-              "completion_tokens": tokens, "generate_seconds": round(seconds, 3)}
+              "completion_tokens": tokens, "generate_seconds": round(seconds, 3), **tests}
     write_meta(output, stage="judge", flags=flags, inputs=[reader], counts=counts,
                started=started, versions=GEN_VERSIONS)
     info(f"judge: {total} verdicts (+1: {verdicts[1]}, -1: {verdicts[-1]}, unparseable: "
-         f"{verdicts[0]} = {counts['parse_fail_rate']:.1%}); {tokens} tokens, "
-         f"{tokens / seconds if seconds else 0:.0f} tokens/s -> {output} "
+         f"{verdicts[0]} = {counts['parse_fail_rate']:.1%}); {_tests_line(tests)}"
+         f"{tokens} tokens, {tokens / seconds if seconds else 0:.0f} tokens/s -> {output} "
          f"({time.time() - started:.1f}s)")
     return counts
+
+
+def _tests_line(tests: dict[str, int]) -> str:
+    if not tests:
+        return ""
+    return (f"unit tests: {tests['tests_parsed']}/{tests['tests']} parsed, "
+            f"{tests['tests_valid']}/{tests['tests_checkable']} passed by every correct "
+            f"program, {tests['tests_discriminating']} of those fail a wrong one; ")
 
 
 def sha256_file(path: str | Path) -> str:
@@ -278,7 +298,7 @@ def run_eval(tasks_path: str, output: str, engine, opts, ks: list[int], judge_op
     """Roll out eval tasks (and optionally judge them); write a summary JSON atomically."""
     from rlany import envs
     from rlany.evaluate import judge_metrics, policy_metrics
-    from rlany.judge import judge
+    from rlany.judge import judge, unit_test_counts
     from rlany.rollout import rollout
 
     started = time.time()
@@ -291,11 +311,17 @@ def run_eval(tasks_path: str, output: str, engine, opts, ks: list[int], judge_op
         with AtomicJsonl(trajectories_out) as out:
             out.write_all(flat)
     if judge_opts is not None:
-        judged = [j for g in judge(flat, engine, judge_opts,
-                                   {"model": engine.model, "adapter": judge_opts.adapter})
-                  for j in g]
-        summary["judge"] = {"model": engine.model, "adapter": judge_opts.adapter}
+        judged_groups = list(judge(flat, engine, judge_opts,
+                                   {"model": engine.model, "adapter": judge_opts.adapter}))
+        judged = [j for g in judged_groups for j in g]
+        summary["judge"] = {"model": engine.model, "adapter": judge_opts.adapter,
+                            "mode": judge_opts.mode}
         summary.update(judge_metrics(flat, judged))
+        if judge_opts.mode == "unit-tests":
+            outcomes = {t.traj_id: t.outcome for t in flat}
+            for g in judged_groups:
+                for key, value in unit_test_counts(g, outcomes).items():
+                    summary[f"judge_{key}"] = summary.get(f"judge_{key}", 0) + value
     summary["wall_time_s"] = round(time.time() - started, 3)
     write_text_atomic(output, json.dumps(summary, indent=2) + "\n")
     write_meta(output, stage="eval", flags=flags or {}, inputs=[reader],

@@ -19,6 +19,17 @@ Reward model (consistency feedback):
     A step whose m verdicts all agree teaches nothing and is not kept; only tasks with
     rm_acc_min <= acc(q) <= rm_acc_max (0.2, 0.8) give reward-model data.
 
+Reward model in unit-tests mode (coding; judgments with mode "unit-tests"): the m samples
+are tests T_1..T_m written once for the task, and S_ij = +1 when program i passes T_j.
+A test is rewarded for separating correct programs (C = {i: O_i = +1}) from incorrect ones
+(W = {i: O_i = -1}):
+    r_j = mean_{i∈C} [S_ij = +1] - mean_{i∈W} [S_ij = +1]   ∈ [-1, 1]
+          (an empty C or W contributes 0), or the penalty when T_j was unparseable
+    a_j = standardized r within the m tests
+A right test that every program passes gets 0; a wrong test (correct programs fail it) is
+negative. Each test is one training sample, attached to the task's first trajectory (the
+others carry the same rewards with keep = false, so nothing is trained twice).
+
 Task filter for the policy (`--uniform-tasks`): a task whose n rollouts all succeed or all
 fail carries no outcome contrast. `separated` (default) keeps it only if step rewards still
 separate its trajectories at some shared step index; `drop` always drops it; `keep` never does.
@@ -100,6 +111,9 @@ def _check_judgment(judgment: Judgment, traj: Trajectory, where: str) -> None:
     if indices != list(range(len(traj.steps))):
         raise RlanyError(f"judgment covers steps {indices} but the trajectory has "
                          f"{len(traj.steps)} steps", where=where)
+    if judgment.mode not in ("steps", "unit-tests"):
+        raise RlanyError(f"mode must be 'steps' or 'unit-tests', got '{judgment.mode}'",
+                         where=where)
     for s in judgment.steps:
         if not s.samples:
             raise RlanyError(f"step {s.step} has no judge samples", where=where)
@@ -174,6 +188,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
     rm_reason = ("acc within rm range" if rm_keep else
                  f"acc {acc:.2f} outside [{opts.rm_acc_min}, {opts.rm_acc_max}]")
 
+    tests = _test_rewards(group, rm_keep, opts)
     scored: list[Scored] = []
     policy_samples = rm_samples = 0
     for i, (tr, judgment) in enumerate(zip(trajs, judgments)):
@@ -181,7 +196,10 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
         for t, step in enumerate(tr.steps):
             keep = policy_keep and advantages[i][t] != 0.0
             policy_samples += keep
-            judge = _consistency(judgment, t, rewards[i][t], rm_keep, opts)
+            if tests is not None:
+                judge = tests(i)
+            else:
+                judge = _consistency(judgment, t, rewards[i][t], rm_keep, opts)
             rm_samples += sum(s.keep for s in judge)
             steps.append(ScoredStep(
                 step=t, prompt_messages=step.prompt_messages, response=step.response,
@@ -220,6 +238,46 @@ def _consistency(judgment: Judgment | None, t: int, reward: float, rm_keep: bool
     return [ScoredJudgeSample(text=s.text, score=s.score, reward=ri, advantage=ai,
                               keep=rm_keep and not agree and ai != 0.0)
             for s, ri, ai in zip(samples, r, a)]
+
+
+def _test_rewards(group: list[tuple[str, Trajectory, Judgment | None]], rm_keep: bool,
+                  opts: ScoreOptions):
+    """For unit-tests judgments: i -> the scored tests of trajectory i (see the docstring)."""
+    judged = [(where, tr, j) for where, tr, j in group if j is not None and j.steps]
+    if not judged or judged[0][2].mode != "unit-tests":
+        if any(j.mode == "unit-tests" for _, _, j in judged):
+            raise RlanyError("a task mixes 'steps' and 'unit-tests' judgments",
+                             where=judged[0][0])
+        return None
+    texts = [s.text for s in judged[0][2].steps[0].samples]
+    for where, tr, j in judged:
+        if j.mode != "unit-tests" or [s.text for s in j.steps[0].samples] != texts:
+            raise RlanyError(f"the unit-test judgments of task '{tr.task_id}' must share one "
+                             "set of tests", where=where)
+    m = len(texts)
+    rewards = []
+    for k in range(m):
+        sample = judged[0][2].steps[0].samples[k]
+        if sample.score == 0:
+            rewards.append(opts.unparseable_penalty)
+            continue
+        rate = {}
+        for outcome in (1, -1):
+            members = [j.steps[0].samples[k].score == 1 for _, tr, j in judged
+                       if tr.outcome == outcome]
+            rate[outcome] = sum(members) / len(members) if members else 0.0
+        rewards.append(rate[1] - rate[-1])
+    advantages = standardize(rewards)
+    first = judged[0][1].traj_id
+
+    def scored_tests(i: int) -> list[ScoredJudgeSample]:
+        _, tr, j = group[i]
+        if j is None or not j.steps:
+            return []
+        return [ScoredJudgeSample(text=s.text, score=s.score, reward=r, advantage=a,
+                                  keep=rm_keep and tr.traj_id == first and a != 0.0)
+                for s, r, a in zip(j.steps[0].samples, rewards, advantages)]
+    return scored_tests
 
 
 def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],

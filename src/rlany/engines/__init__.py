@@ -31,6 +31,9 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: bool = False
+    # constrained decoding: the completion is exactly one of these strings (vllm: structured
+    # outputs; hf: a token trie; fake: picks one). Empty: free text.
+    choices: tuple[str, ...] = ()
 
 
 def stable_seed(*parts: object) -> int:

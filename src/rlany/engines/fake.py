@@ -5,7 +5,8 @@ message (or a rule without `match`) gives a list of responses, and sample k of a
 takes `responses[(h + k) % len]` where h is a stable hash of the messages and the seed.
 A script file is JSON: `{"rules": [{"match": "...", "responses": ["..."]}, ...]}` or a bare
 list of responses. Tests may pass any callable `responder(request, k) -> str` instead.
-Every call is recorded (`calls`), so tests can count batched generate calls.
+Every call is recorded (`calls`), so tests can count batched generate calls. With
+`Sampling.choices`, a response outside the choices is replaced by one of them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from rlany.chat import text_of
 from rlany.engines import Completion, EngineStats, Request, Result
 from rlany.errors import RlanyError
 
@@ -34,7 +36,7 @@ class FakeEngine:
     @classmethod
     def from_rules(cls, rules: list[dict], model: str = "fake", seed: int = 0) -> FakeEngine:
         def respond(request: Request, k: int) -> str:
-            last = request.messages[-1]["content"] if request.messages else ""
+            last = text_of(request.messages[-1]["content"]) if request.messages else ""
             for rule in rules:
                 if rule.get("match", "") in last:
                     h = _stable_hash(request.messages, request.sampling.seed or seed)
@@ -61,10 +63,15 @@ class FakeEngine:
         self.calls.append(list(requests))
         results = []
         for r in requests:
-            prompt = [0] * sum(len(m["content"].split()) + 4 for m in r.messages)
+            prompt = [0] * sum(len(text_of(m["content"]).split()) + 4 for m in r.messages)
             completions = []
             for k in range(r.sampling.n):
                 text = self.responder(r, k)
+                if r.sampling.choices and text not in r.sampling.choices:
+                    # constrained decoding: a scripted answer outside the choices becomes
+                    # one of them (stable per request and sample)
+                    h = _stable_hash(r.messages, (r.sampling.seed or self.seed) + k)
+                    text = r.sampling.choices[h % len(r.sampling.choices)]
                 for stop in r.sampling.stop:
                     if stop in text:
                         text = text[:text.find(stop)]

@@ -4,6 +4,8 @@ Requests are grouped by (adapter, sampling settings) and generated in left-padde
 of up to `batch_size` sequences; the `n` samples of a request are `n` rows of one batch
 that share one prefill of the prompt (its KV cache is repeated n times).
 Log-probs are of the raw (temperature 1) distribution at the chosen tokens.
+`Sampling.choices` (constrained decoding) is a per-row token trie given to `generate` as
+`prefix_allowed_tokens_fn`: each choice's tokens, then EOS.
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ class HfEngine:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if s.stop:
             kwargs.update(stop_strings=list(s.stop), tokenizer=self.tokenizer)
+        if any(requests[i].sampling.choices for i in idx):
+            kwargs["prefix_allowed_tokens_fn"] = self._choice_fn(
+                [requests[i].sampling.choices for i in idx for _ in range(n)], width)
         with self._use_adapter(requests[idx[0]].adapter), torch.no_grad():
             if n > 1 and width > 1:
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -140,6 +145,22 @@ class HfEngine:
                 results[i] = Result(prompt_token_ids=prompt, completions=[])
             results[i].completions.append(Completion(text=text, token_ids=tokens,
                                                      finish_reason=finish, logprobs=logprobs))
+
+    def _choice_fn(self, rows: list[tuple[str, ...]], width: int):
+        """generate's prefix_allowed_tokens_fn: row r may continue only along a choice."""
+        eos = _as_list(self.net.generation_config.eos_token_id)[0]
+        seqs = [[self.tokenizer(c, add_special_tokens=False)["input_ids"] + [eos]
+                 for c in choices] for choices in rows]
+        vocab = list(range(len(self.tokenizer)))
+
+        def allowed(row: int, input_ids) -> list[int]:
+            if not seqs[row]:
+                return vocab  # this row is free text
+            done = input_ids[width:].tolist()
+            nxt = {seq[len(done)] for seq in seqs[row]
+                   if len(seq) > len(done) and seq[:len(done)] == done}
+            return sorted(nxt) or [eos]
+        return allowed
 
     def close(self) -> None:
         del self.net

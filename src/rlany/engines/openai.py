@@ -7,12 +7,16 @@ Uses only the standard library. Each request is one POST to `/v1/chat/completion
 addressed by name, so a running server picks up each new checkpoint without a restart.
 The server renders the chat template; token ids are not returned by the API, so
 `token_ids` holds one entry per generated token only when log-probs were asked for.
+Image parts with local `file://` URLs (GUI observations) are sent inline as base64 `data:`
+URLs, since the server need not share this machine's files.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import mimetypes
 import time
 import urllib.error
 import urllib.request
@@ -74,7 +78,8 @@ class OpenAIEngine:
         return self._adapters[path]
 
     def _one(self, r: Request) -> Result:
-        body = {"model": self._model_name(r.adapter), "messages": r.messages, "n": r.sampling.n,
+        body = {"model": self._model_name(r.adapter), "messages": inline_images(r.messages),
+                "n": r.sampling.n,
                 "max_tokens": r.sampling.max_tokens, "temperature": r.sampling.temperature,
                 "top_p": r.sampling.top_p}
         if r.sampling.stop:
@@ -111,3 +116,20 @@ class OpenAIEngine:
 
     def close(self) -> None:
         pass
+
+
+def inline_images(messages: list[dict]) -> list[dict]:
+    """The messages with every file:// image part replaced by a base64 data: URL."""
+    def part(p):
+        url = p.get("image_url", {}).get("url", "") if isinstance(p, dict) else ""
+        if p.get("type") != "image_url" or not url.startswith("file://"):
+            return p
+        path = Path(urllib.request.url2pathname(url[len("file://"):]))
+        try:
+            data = base64.b64encode(path.read_bytes()).decode()
+        except OSError as e:
+            raise RlanyError(f"cannot read image: {e.strerror}", where=str(path)) from None
+        mime = mimetypes.guess_type(path.name)[0] or "image/png"
+        return {**p, "image_url": {**p["image_url"], "url": f"data:{mime};base64,{data}"}}
+    return [{**m, "content": [part(p) for p in m["content"]]}
+            if isinstance(m.get("content"), list) else m for m in messages]

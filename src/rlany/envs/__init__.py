@@ -2,9 +2,18 @@
 
 An environment object is one episode's state: `make_env(name)` returns a fresh one, then
 `reset(task) -> first observation` and `step(response) -> StepResult` until `done`.
-`describe(task)` is the text a task rewriter sees; `validate(spec)` lists what is wrong
-with a (possibly rewritten) spec, empty when it is well-formed and solvable in principle.
+An env that lists its admissible actions may offer `choices() -> list[str]` (the actions
+valid for the next response); `rollout --constrain-actions` then decodes each response as
+exactly one of them. `describe(task)` is the text a task rewriter sees; `validate(spec)`
+lists what is wrong with a (possibly rewritten) spec, empty when it is well-formed and
+solvable in principle.
 A module may also offer `make_tasks(n, seed, **knobs) -> list[Task]`.
+
+Image observations (GUI agents, e.g. OSWorld-like): `reset` may return an `Observation`
+(text plus image file paths, e.g. screenshots) instead of a string, and `StepResult.images`
+holds the images of the next observation. Actions stay text. Rollout puts the images into
+the policy's user message and records them per step; the judge sees the images before and
+after the step. Both go to the engine as OpenAI-style image parts (`rlany.chat`).
 
 Third-party packages register in the `rlany.envs` entry-point group:
     [project.entry-points."rlany.envs"]
@@ -13,6 +22,7 @@ Third-party packages register in the `rlany.envs` entry-point group:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module, metadata
@@ -23,18 +33,31 @@ from rlany.records import Task
 
 
 @dataclass(frozen=True)
+class Observation:
+    text: str
+    images: tuple[str, ...] = ()  # image file paths (screenshots), shown before the text
+
+
+@dataclass(frozen=True)
 class StepResult:
     obs: str  # what the agent sees next (must not reveal success on the final step)
     done: bool
     success: bool
     action: str | None = None  # the action the env executed, parsed from the response
     info: dict = field(default_factory=dict)
+    images: tuple[str, ...] = ()  # image file paths of the next observation
+
+
+def split_obs(obs: str | Observation) -> tuple[str, list[str]]:
+    if isinstance(obs, Observation):
+        return obs.text, [str(p) for p in obs.images]
+    return obs, []
 
 
 class Environment(Protocol):
     name: str
 
-    def reset(self, task: Task) -> str: ...
+    def reset(self, task: Task) -> str | Observation: ...
 
     def step(self, response: str) -> StepResult: ...
 
@@ -48,6 +71,7 @@ BUILTIN = {
     "reasoning": "rlany.envs.reasoning:ReasoningEnv",
     "household": "rlany.envs.household:HouseholdEnv",
     "coding": "rlany.envs.coding:CodingEnv",
+    "alfworld": "rlany.envs.alfworld:AlfworldEnv",
 }
 _registered: dict[str, Callable[[], Environment]] = {}
 
@@ -79,3 +103,34 @@ def factory(name: str) -> Callable[[], Environment]:
 
 def make_env(name: str) -> Environment:
     return factory(name)()
+
+
+def parse_action(response: str, admissible: list[str]) -> tuple[str | None, dict]:
+    """Map a free-text response to one admissible action (or None), with how it matched.
+
+    A number picks from the list (first or last line); else the last non-empty line is
+    matched: exactly, as an unambiguous prefix of one action ("take apple" -> "take apple 1
+    from table 1"), else as the nearest action by rapidfuzz ratio (cutoff 80)."""
+    from rapidfuzz import fuzz, process
+
+    lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
+    if not lines:
+        return None, {"parse": "empty"}
+    for line in (lines[0], lines[-1]):
+        m = re.fullmatch(r"(?:action\s*:?\s*)?(\d+)[.)]?", line, re.IGNORECASE)
+        if m and 1 <= int(m.group(1)) <= len(admissible):
+            return admissible[int(m.group(1)) - 1], {"parse": "number"}
+    text = re.sub(r"^(?:action\s*:\s*|\d+[.)]\s*)", "", lines[-1], flags=re.IGNORECASE)
+    text = text.strip().rstrip(".").lower()
+    if text in admissible:
+        return text, {"parse": "text"}
+    # an unambiguous start of an action ("take apple" -> "take apple 1 from table 1")
+    starts = [a for a in admissible if a.startswith(text)] if len(text.split()) >= 2 else []
+    if len(starts) == 1:
+        return starts[0], {"parse": "prefix", "text": text[:200]}
+    # else the whole line must be close to one action (spelling slips, not prose that
+    # merely mentions a receptacle)
+    best = process.extractOne(text, admissible, scorer=fuzz.ratio, score_cutoff=80)
+    if best is None:
+        return None, {"parse": "no match", "text": text[:200]}
+    return best[0], {"parse": "fuzzy", "text": text[:200], "score": round(best[1], 1)}

@@ -30,10 +30,9 @@ expert (`expert_actions`) through the environment itself.
 from __future__ import annotations
 
 import random
-import re
 from copy import deepcopy
 
-from rlany.envs import StepResult
+from rlany.envs import StepResult, parse_action
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -97,7 +96,7 @@ class HouseholdEnv:
     def step(self, response: str) -> StepResult:
         self.steps += 1
         admissible = self.admissible()
-        action, info = self._parse(response, admissible)
+        action, info = parse_action(response, admissible)
         feedback = self._apply(action) if action else "Nothing happens."
         success = self._goal_met()
         done = success or self.steps >= self.spec.get("max_steps", 20)
@@ -130,6 +129,9 @@ class HouseholdEnv:
                 return [] if result.success else [f"the expert needs more than max_steps "
                                                   f"{spec.get('max_steps', 20)} steps"]
         return ["the expert's plan does not reach the goal"]
+
+    def choices(self) -> list[str]:
+        return self.admissible()
 
     # -- mechanics ---------------------------------------------------------------------
     def _recs(self) -> dict:
@@ -167,31 +169,6 @@ class HouseholdEnv:
         acts = "\n".join(f"{k + 1}. {a}" for k, a in enumerate(self.admissible()))
         return (f"{feedback}\n{where} You see: {'; '.join(seen)}. You carry: {carrying}.\n"
                 f"Admissible actions:\n{acts}")
-
-    def _parse(self, response: str, admissible: list[str]) -> tuple[str | None, dict]:
-        from rapidfuzz import fuzz, process
-
-        lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
-        if not lines:
-            return None, {"parse": "empty"}
-        for line in (lines[0], lines[-1]):
-            m = re.fullmatch(r"(?:action\s*:?\s*)?(\d+)[.)]?", line, re.IGNORECASE)
-            if m and 1 <= int(m.group(1)) <= len(admissible):
-                return admissible[int(m.group(1)) - 1], {"parse": "number"}
-        text = re.sub(r"^(?:action\s*:\s*|\d+[.)]\s*)", "", lines[-1], flags=re.IGNORECASE)
-        text = text.strip().rstrip(".").lower()
-        if text in admissible:
-            return text, {"parse": "text"}
-        # an unambiguous start of an action ("take apple" -> "take apple 1 from table 1")
-        starts = [a for a in admissible if a.startswith(text)] if len(text.split()) >= 2 else []
-        if len(starts) == 1:
-            return starts[0], {"parse": "prefix", "text": text[:200]}
-        # else the whole line must be close to one action (spelling slips, not prose that
-        # merely mentions a receptacle)
-        best = process.extractOne(text, admissible, scorer=fuzz.ratio, score_cutoff=80)
-        if best is None:
-            return None, {"parse": "no match", "text": text[:200]}
-        return best[0], {"parse": "fuzzy", "text": text[:200], "score": round(best[1], 1)}
 
     def _apply(self, action: str) -> str:
         recs = self._recs()

@@ -1,0 +1,52 @@
+"""--constrain-actions: every response is exactly one admissible action."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlany.engines import EngineConfig, Request, Sampling
+from rlany.engines.fake import FakeEngine
+from rlany.envs.household import HouseholdEnv, make_tasks
+from rlany.errors import RlanyError
+from rlany.rollout import RolloutOptions, rollout
+from test_rollout_judge import ThreeTurns, three_tasks
+
+
+def test_rollout_passes_the_admissible_actions_as_choices():
+    tasks = make_tasks(3, seed=0, kinds="pick", receptacles=3, max_steps=5)
+    eng = FakeEngine(lambda req, k: "I think I should look around")   # never an action
+    opts = RolloutOptions(n=4, max_steps=5, constrain_actions=True)
+    groups = list(rollout(tasks, eng, lambda name: HouseholdEnv(), opts))
+    first = eng.calls[0][0]
+    env = HouseholdEnv()
+    env.reset(tasks[0])
+    assert first.sampling.choices == tuple(env.admissible())
+    steps = [s for g in groups for t in g for s in t.steps]
+    assert steps and all(s.action == s.response and s.info["parse"] == "text" for s in steps)
+    # without the flag the same responses are all unparseable
+    free = list(rollout(tasks, eng, lambda name: HouseholdEnv(),
+                        RolloutOptions(n=4, max_steps=2)))
+    assert all(s.action is None for g in free for t in g for s in t.steps)
+
+
+def test_envs_without_choices_are_refused():
+    with pytest.raises(RlanyError, match="does not list its actions"):
+        list(rollout(three_tasks(1), FakeEngine(lambda r, k: "go"), lambda name: ThreeTurns(),
+                     RolloutOptions(n=2, max_steps=3, constrain_actions=True)))
+
+
+def test_hf_engine_decodes_only_the_choices(tiny_model):
+    from rlany.engines.hf import HfEngine
+
+    eng = HfEngine(EngineConfig(kind="hf", model=tiny_model))
+    choices = ("go to table 1", "look", "take apple 1 from table 1")
+    reqs = [Request([{"role": "user", "content": f"pick {k}"}],
+                    Sampling(n=6, max_tokens=12, temperature=1.0, choices=choices))
+            for k in range(2)]
+    reqs.append(Request([{"role": "user", "content": "free"}], Sampling(n=2, max_tokens=5)))
+    results = eng.generate(reqs)
+    for result in results[:2]:
+        for c in result.completions:
+            assert c.text in choices and c.finish_reason == "stop", c.text
+    # the random tiny model would not write these by itself: a free request stays free
+    assert not all(c.text in choices for c in results[2].completions)
