@@ -41,8 +41,12 @@ def main() -> dict:
     fresh = engine.llm.reset_prefix_cache
     fresh()
     t0, s0 = time.perf_counter(), engine.stats.completion_tokens
+    g0, p0 = engine.stats.seconds, engine.stats.prompt_tokens
     trajs = [t for g in rollout(tasks, engine, envs.make_env, opts) for t in g]
     t_stage, tok_stage = time.perf_counter() - t0, engine.stats.completion_tokens - s0
+    # where the stage's time goes: inside engine.generate, or rollout's own work between
+    # turns (env steps, grouping, bookkeeping)
+    gen_stage, prompt_stage = engine.stats.seconds - g0, engine.stats.prompt_tokens - p0
     turns: dict[int, list] = {}
     for t in trajs:
         for k, step in enumerate(t.steps):
@@ -50,9 +54,11 @@ def main() -> dict:
                                                    replace(sampling, n=1)))
     fresh()
     t0, s0 = time.perf_counter(), engine.stats.completion_tokens
+    p0 = engine.stats.prompt_tokens
     for k in sorted(turns):
         engine.generate(turns[k])
     t_raw, tok_raw = time.perf_counter() - t0, engine.stats.completion_tokens - s0
+    prompt_raw = engine.stats.prompt_tokens - p0
     rollout_ratio = (tok_stage / t_stage) / (tok_raw / t_raw)
 
     jopts = JudgeOptions(m=3, sampling=Sampling(max_tokens=48, temperature=0.8))
@@ -72,7 +78,13 @@ def main() -> dict:
               "rollout": {"stage_tokens_per_s": round(tok_stage / t_stage, 1),
                           "raw_tokens_per_s": round(tok_raw / t_raw, 1),
                           "ratio": round(rollout_ratio, 3), "turns": len(turns),
-                          "trajectories": len(trajs)},
+                          "trajectories": len(trajs),
+                          "stage_seconds": round(t_stage, 2), "raw_seconds": round(t_raw, 2),
+                          "stage_seconds_in_generate": round(gen_stage, 2),
+                          "stage_completion_tokens": tok_stage,
+                          "raw_completion_tokens": tok_raw,
+                          "stage_prompt_tokens": prompt_stage,
+                          "raw_prompt_tokens": prompt_raw},
               "judge": {"stage_tokens_per_s": round(tok_jstage / t_jstage, 1),
                         "raw_tokens_per_s": round(tok_jraw / t_jraw, 1),
                         "ratio": round(judge_ratio, 3), "requests": len(raw)}}

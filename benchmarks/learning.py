@@ -70,16 +70,25 @@ def main() -> dict:
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--runs-dir", default="runs")
+    parser.add_argument("--reuse", action="append", default=[], metavar="VARIANT=RUN_DIR",
+                        help="use a finished run of this config for one variant (e.g. "
+                        "+env=runs/demo: `make demo` is the full loop with seed 0)")
     args = parser.parse_args()
-    rows, seconds = {}, {}
+    reuse = dict(item.split("=", 1) for item in args.reuse)
+    rows, seconds, runs = {}, {}, []
     for seed in args.seeds:
         for variant, flags in VARIANTS.items():
             name = f"learn-{variant.strip('+')}-s{seed}"
-            seconds[name] = round(run_loop(args.config, name, args.iterations, seed, flags,
-                                           args.runs_dir), 1)
-            rows[name] = {"variant": variant, "seed": seed,
-                          **summarize(Path(args.runs_dir) / name, args.iterations)}
-    runs = [str(Path(args.runs_dir) / name) for name in rows]
+            run = Path(args.runs_dir) / name
+            if variant in reuse and seed == args.seeds[0]:
+                run = Path(reuse[variant])
+                seconds[name] = None
+            else:
+                seconds[name] = round(run_loop(args.config, name, args.iterations, seed,
+                                               flags, args.runs_dir), 1)
+            rows[name] = {"variant": variant, "seed": seed, "run": str(run),
+                          **summarize(run, args.iterations)}
+            runs.append(str(run))
     report = RESULTS / "learning-report"
     subprocess.run([sys.executable, "-m", "rlany", "report", *runs, "-o", str(report)],
                    check=True)

@@ -84,6 +84,8 @@ def test_hf_prefix_shared_samples_equal_separate_generation(hf):
 def test_vllm_decodes_only_the_choices(vllm_engine):
     choices = ("go to table 1", "look", "take apple 1 from table 1")
     (result,) = vllm_engine.generate([Request([{"role": "user", "content": "pick one"}],
-                                              Sampling(n=6, max_tokens=16, temperature=1.0,
+                                              Sampling(n=6, max_tokens=64, temperature=1.0,
                                                        choices=choices))])
-    assert all(c.text in choices for c in result.completions)
+    # (vLLM may spell a choice with more, smaller tokens than the tokenizer would: a random
+    # tiny model does, so the budget is generous here)
+    assert all(c.text in choices for c in result.completions), [c.text for c in result.completions]

@@ -111,12 +111,16 @@ def test_openai_engine_sends_images_inline(gui_trajs, server):  # noqa: F811
     _, group = gui_trajs
     eng = OpenAIEngine(EngineConfig(kind="openai", model="vlm", base_url=server, timeout_s=5))
     list(judge(group[:1], eng, JudgeOptions(m=1)))
-    body = Stub.seen[-1][1]
-    parts = body["messages"][-1]["content"]
-    urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
-    assert len(urls) == 2 and all(u.startswith("data:image/png;base64,") for u in urls)
-    step = group[0].steps[-1]
-    assert base64.b64decode(urls[1].split(",", 1)[1]) == Path(step.next_images[0]).read_bytes()
+    bodies = [b for path, b in Stub.seen if path.endswith("/chat/completions")]
+    assert len(bodies) == len(group[0].steps)            # one request per step
+    sent = set()
+    for body in bodies:
+        parts = body["messages"][-1]["content"]
+        urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+        assert len(urls) == 2 and all(u.startswith("data:image/png;base64,") for u in urls)
+        sent |= {base64.b64decode(u.split(",", 1)[1]) for u in urls}
+    # exactly the screenshots of the trajectory, read from disk
+    assert sent == {Path(p).read_bytes() for s in group[0].steps for p in s.images + s.next_images}
 
 
 def test_text_only_rendering_refuses_images(gui_trajs, tiny_model):

@@ -84,6 +84,21 @@ def test_rollout_is_deterministic_with_seeded_fake_engine():
     assert a == b
 
 
+def test_judge_last_step_only_judges_the_labelled_step():
+    from rlany.evaluate import judge_metrics
+
+    trajs = [t for g in rollout(three_tasks(2), FakeEngine.from_rules([{"responses": ["go"]}]),
+                                lambda name: ThreeTurns(), RolloutOptions(n=2, max_steps=3))
+             for t in g]
+    eng = FakeEngine(lambda req, k: "\\boxed{+1}")
+    judged = [j for g in judge(trajs, eng, JudgeOptions(m=2, last_step_only=True)) for j in g]
+    assert sum(len(r) for r in eng.calls) == len(trajs)        # one request per trajectory
+    assert all([s.step for s in j.steps] == [2] for j in judged)
+    metrics = judge_metrics(trajs, judged)
+    assert metrics["judge_labelled_verdicts"] == 2 * len(trajs)
+    assert metrics["judge_step_accuracy"] == 1.0                 # all succeed, all +1
+
+
 def test_judge_m_samples_share_one_prompt_and_keep_order():
     tasks = make_tasks(3, seed=0)
     pol = FakeEngine.from_rules([{"responses": ["\\boxed{1}", "\\boxed{12}"]}])

@@ -492,6 +492,9 @@ def eval_cmd(
     judge_adapter: Annotated[Optional[str], typer.Option(
         help="Reward-model adapter for the judge (implies --judge).")] = None,
     m: Annotated[int, typer.Option("--m", help="Judge samples per step.")] = 3,
+    judge_last_step_only: Annotated[bool, typer.Option(
+        "--judge-last-step-only", help="Judge only each episode's last step (the one its "
+        "outcome labels): the accuracy at a fraction of the cost.")] = False,
     trajectories: Annotated[Optional[str], typer.Option(
         help="Also write the eval trajectories here.")] = None,
     history_turns: Annotated[Optional[int], typer.Option(
@@ -522,7 +525,8 @@ def eval_cmd(
     opts = RolloutOptions(n=n, max_steps=max_steps, seed=seed, adapter=adapter,
                           history_turns=history_turns, constrain_actions=constrain_actions,
                           sampling=Sampling(max_tokens=max_tokens, temperature=temperature))
-    judge_opts = (JudgeOptions(m=m, adapter=judge_adapter, seed=seed)
+    judge_opts = (JudgeOptions(m=m, adapter=judge_adapter, seed=seed,
+                               last_step_only=judge_last_step_only)
                   if judge or judge_adapter else None)
     eng = _start_engine(engine, model, dtype, seed, max_model_len, base_url, max_lora_rank)
     run_eval(input, output, eng, opts, ks, judge_opts, trajectories, flags={

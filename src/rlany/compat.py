@@ -51,3 +51,32 @@ def choice_kwargs(choices: tuple[str, ...]) -> dict:
     except ImportError:
         from vllm.sampling_params import GuidedDecodingParams
         return {"guided_decoding": GuidedDecodingParams(choice=list(choices))}
+
+
+def enable_cpu_masked_gqa() -> bool:
+    """Let transformers' SDPA attention pass `enable_gqa=True` on CPU when a mask is given.
+
+    transformers (5.x) repeats the key/value heads of grouped-query attention (SmolLM2: 3
+    KV heads for 9 query heads) whenever there is an attention mask, because CUDA's fused
+    kernels cannot take masked GQA; every padded batch then copies the whole KV cache at
+    every layer and decoding step. PyTorch's CPU SDPA takes a mask with `enable_gqa`: same
+    output (checked in tests), 20x faster attention measured here (B 32, 530 keys: 1.4 vs
+    27.8 ms), which made the HF judge ~2.5x faster end to end. CPU tensors only; anything
+    else keeps transformers' own rule. Returns whether the patch is in place.
+    """
+    try:
+        from transformers.integrations import sdpa_attention
+    except ImportError:
+        return False
+    original = sdpa_attention.use_gqa_in_sdpa
+    if getattr(original, "_rlany", False):
+        return True
+
+    def use_gqa_in_sdpa(attention_mask, key, value) -> bool:
+        if key.device.type == "cpu" and key.shape[-1] == value.shape[-1]:
+            return True
+        return original(attention_mask, key, value)
+
+    use_gqa_in_sdpa._rlany = True
+    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+    return True

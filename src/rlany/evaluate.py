@@ -8,7 +8,8 @@ episode is labelled by its outcome (the step that ended a successful episode was
 one that ended a failed episode was not: exact for single-turn envs, a lower bound on what
 a judge must get right for multi-turn ones). Reported: verdict accuracy on those labelled
 steps (unparseable counts as wrong), the unparseable rate, and outcome agreement (the sign
-of a trajectory's mean step score equals its outcome).
+of a trajectory's mean step score equals its outcome). With `last_step_only` judging, the
+judgments hold the last step only, and these rates cover those steps.
 """
 
 from __future__ import annotations

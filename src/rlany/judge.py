@@ -44,21 +44,33 @@ class JudgeOptions:
     history_steps: int = 5  # earlier actions shown to the judge
     seed: int = 0
     mode: str = "steps"  # steps | unit-tests
+    last_step_only: bool = False  # eval: judge only the outcome-labelled last step
     test_cpu_s: float = 2.0  # unit-tests: CPU seconds per program per test
 
 
 def step_prompts(traj: Trajectory, history_steps: int) -> list[list[dict]]:
-    """The judge prompt of every step of one trajectory."""
+    """The judge prompt of every step of one trajectory.
+
+    The task is the policy's first user message; at step 0 its observation part is left out
+    (the prompt shows the observation anyway). Earlier steps are listed as the action and
+    the first line of what the env answered (the full state is in the current observation).
+    """
     prompts = []
     for t, step in enumerate(traj.steps):
         first_user = next((text_of(m["content"]) for m in step.prompt_messages
                            if m["role"] == "user"), "")
+        if t == 0 and step.obs and first_user.endswith(step.obs):
+            first_user = first_user[:-len(step.obs)].strip() or first_user
         earlier = traj.steps[max(0, t - history_steps):t]
         history = [f"step {t - len(earlier) + k}: {clip(s.action or s.response, 300)} -> "
-                   f"{clip(s.next_obs, 300)}" for k, s in enumerate(earlier)]
+                   f"{clip(_first_line(s.next_obs), 300)}" for k, s in enumerate(earlier)]
         prompts.append(judge_messages(first_user, history, step.obs, step.response,
                                       step.next_obs, step.images, step.next_images))
     return prompts
+
+
+def _first_line(text: str) -> str:
+    return next((line for line in text.splitlines() if line.strip()), "")
 
 
 def judge(trajectories: Iterable[Trajectory], engine: Engine, opts: JudgeOptions,
@@ -96,17 +108,20 @@ def _task_groups(trajectories: Iterable[Trajectory]) -> Iterator[list[Trajectory
 
 def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOptions,
                  judge_info: dict) -> Iterator[list[Judgment]]:
-    prompts = {t.traj_id: step_prompts(t, opts.history_steps) for g in batch for t in g}
+    prompts = {t.traj_id: list(enumerate(step_prompts(t, opts.history_steps)))
+               for g in batch for t in g}
+    if opts.last_step_only:
+        prompts = {tid: steps[-1:] for tid, steps in prompts.items()}
     requests = [Request(messages=p, adapter=opts.adapter,
                         sampling=replace(opts.sampling, n=opts.m,
                                          seed=stable_seed(opts.seed, "judge", tid, k)))
-                for tid, steps in prompts.items() for k, p in enumerate(steps)]
+                for tid, steps in prompts.items() for k, p in steps]
     results = iter(engine.generate(requests))
     for group in batch:
         judgments = []
         for traj in group:
             steps = []
-            for k, messages in enumerate(prompts[traj.traj_id]):
+            for k, messages in prompts[traj.traj_id]:
                 result = next(results)
                 samples = [JudgeSample(text=c.text, score=parse_verdict(c.text))
                            for c in result.completions]

@@ -48,7 +48,8 @@ SECTIONS: dict[str, dict[str, type | tuple]] = {
     "adapt": {"alpha_high": float, "alpha_low": float, "samples": int, "critiques": int,
               "dup_threshold": float, "max_tokens": int, "temperature": float},
     "eval": {"n": int, "k": list, "max_tokens": int, "temperature": float, "judge": bool,
-             "m": int, "max_steps": int, "history_turns": int, "constrain_actions": bool},
+             "m": int, "max_steps": int, "history_turns": int, "constrain_actions": bool,
+             "judge_last_step_only": bool},
 }
 SECTIONS["train_rm"] = dict(SECTIONS["train_policy"])
 TOP: dict[str, type | tuple] = {
@@ -371,12 +372,14 @@ class Loop:
         s = dict(self.cfg.sections.get("eval", {}))
         ks = s.pop("k", [1])
         judge = s.pop("judge", True)
+        last_only = s.pop("judge_last_step_only", False)
         m = s.pop("m", self.cfg.sections.get("judge", {}).get("m", 3))
         sampling = Sampling(max_tokens=s.pop("max_tokens", 256),
                             temperature=s.pop("temperature", 0.8))
         opts = RolloutOptions(**s, seed=self.cfg.seed, adapter=adapter, sampling=sampling)
         judge_opts = JudgeOptions(m=m, adapter=judge_adapter, seed=self.cfg.seed,
                                   mode=self.cfg.sections.get("judge", {}).get("mode", "steps"),
+                                  last_step_only=last_only,
                                   sampling=Sampling(max_tokens=self.cfg.sections.get(
                                       "judge", {}).get("max_tokens", 384), temperature=0.8)) \
             if judge else None

@@ -156,6 +156,9 @@ def load_model(base: str, adapter: str | None, opts: TrainOptions):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlany.compat import enable_cpu_masked_gqa
+    enable_cpu_masked_gqa()
+
     tokenizer = AutoTokenizer.from_pretrained(adapter if opts.full and adapter else base)
     model = AutoModelForCausalLM.from_pretrained(adapter if opts.full and adapter else base,
                                                  dtype=getattr(torch, opts.dtype))
@@ -198,8 +201,15 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
         logits = model(input_ids=ids, attention_mask=attn).logits
         return token_logprobs(logits, ids), resp, adv
 
-    # log-probs of the pre-update policy, for this process's samples only (no grad)
-    mine = sorted({i for s in steps for i in s[rank::world]})
+    # log-probs of the pre-update policy, for this process's samples only (no grad). The
+    # first optimizer step runs on the pre-update weights, so its samples take theirs from
+    # that step's own forward (ratio exactly 1 there, as PPO's first minibatch has): one
+    # no-grad forward fewer per sample of step 1. A resumed run starts past step 1 with
+    # updated weights, so it computes them all here, before the saved weights are loaded.
+    partial = output.with_name(output.name + ".partial")
+    resuming = (partial / "state.pt").exists()
+    first = set() if resuming or not steps else set(steps[0][rank::world])
+    mine = sorted({i for s in steps for i in s[rank::world]} - first)
     old: dict[int, torch.Tensor] = {}
     model.eval()
     with torch.no_grad():
@@ -209,7 +219,6 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
             for row, i in enumerate(idx):
                 old[i] = logp[row][resp[row]].cpu()
 
-    partial = output.with_name(output.name + ".partial")
     start_step = _resume(partial, model, optimizer, acc, meta)
     if start_step and acc.is_main_process:
         log({"event": "resume", "step": start_step})
@@ -226,6 +235,9 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
             ctx = acc.no_sync(model) if not sync and world > 1 else nullcontext()
             with ctx:
                 logp, resp, adv = forward_logp(batch)
+                for row, i in enumerate(batch_idx):
+                    if i not in old:  # a first-step sample: the current weights are the old
+                        old[i] = logp[row][resp[row]].detach().cpu()
                 old_logp = torch.zeros_like(logp)
                 for row, i in enumerate(batch_idx):
                     old_logp[row][resp[row]] = old[i].to(logp.device, logp.dtype)

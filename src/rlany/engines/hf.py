@@ -27,6 +27,8 @@ class HfEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from rlany.compat import enable_cpu_masked_gqa
+        enable_cpu_masked_gqa()
         self.model = cfg.model
         self.stats = EngineStats()
         self.batch_size = cfg.batch_size
