@@ -86,6 +86,7 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
                 drawn = True
         ax.set_title(title)
         ax.set_xlabel("iteration (-1 = base model)" if key == "eval_success" else "iteration")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         if not drawn:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         if len(runs) > 1 and drawn:
@@ -122,6 +123,7 @@ def _stage_times(runs: list[dict], out: Path, plt) -> Path:
         bottom = [b + y for b, y in zip(bottom, ys)]
     ax.set_title(f"seconds per stage ({run['name']})")
     ax.set_xlabel("iteration")
+    ax.set_xticks(xs)
     if stages:
         ax.legend(fontsize=7)
     fig.tight_layout()
