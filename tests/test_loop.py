@@ -214,6 +214,10 @@ def test_config_errors(tmp_path):
     bad.write_text('name = "x"\ntasks = "t.jsonl"\nstep_feedback = false\n[score]\nlam = 1.0\n')
     with pytest.raises(RlanyError, match="step_feedback = false"):
         load_config(str(bad))
+    # --no-step-feedback on the command line is the ablation of a config that sets lam
+    bad.write_text('name = "x"\ntasks = "t.jsonl"\n[score]\nlam = 1.0\nlone_step = "zero"\n')
+    cfg = load_config(str(bad), {"step_feedback": False})
+    assert not cfg.step_feedback and cfg.sections["score"] == {"lone_step": "zero"}
     bad.write_text('name = "x"\ntasks = "t.jsonl"\n[rollout]\nn = "four"\n')
     with pytest.raises(RlanyError, match="rollout.n' must be int"):
         load_config(str(bad))

@@ -284,7 +284,9 @@ def judge(
     max_lora_rank: MaxLoraRankOpt = 16,
 ) -> None:
     """Judge every step with a generative reward model: m samples per step (sharing the
-    prompt), each reasoning then giving +1 or -1; unparseable verdicts score 0."""
+    prompt), each reasoning then giving +1 or -1; unparseable verdicts score 0. With
+    --mode unit-tests (coding) the reward model writes m tests per task instead, and each
+    program's verdicts are whether it passes them in the sandbox."""
     from rlany.engines import Sampling
     from rlany.jsonl import JsonlReader
     from rlany.judge import JudgeOptions

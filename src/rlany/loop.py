@@ -112,8 +112,12 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> LoopConfi
             raise RlanyError(f"missing '{required}'", where=path)
     cfg = LoopConfig(**top, sections=sections)
     if not cfg.step_feedback and sections.get("score", {}).get("lam", 0.0) != 0.0:
-        raise RlanyError("step_feedback = false means lambda = 0, but [score] lam is set",
-                         where=path, hint="remove one of them")
+        if (overrides or {}).get("step_feedback") is False:
+            # --no-step-feedback on the command line is the ablation: it wins over the file
+            sections["score"] = {k: v for k, v in sections["score"].items() if k != "lam"}
+        else:
+            raise RlanyError("step_feedback = false means lambda = 0, but [score] lam is set",
+                             where=path, hint="remove one of them")
     from rlany.judge import MODES
     if sections.get("judge", {}).get("mode", "steps") not in MODES:
         raise RlanyError(f"judge.mode must be one of {', '.join(MODES)}", where=path)
