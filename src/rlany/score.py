@@ -46,6 +46,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from rlany.errors import RlanyError
+from rlany.judge import MODES
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
 
 EPS_STD = 1e-8  # below this a group's rewards are treated as all equal
@@ -111,8 +112,8 @@ def _check_judgment(judgment: Judgment, traj: Trajectory, where: str) -> None:
     if indices != list(range(len(traj.steps))):
         raise RlanyError(f"judgment covers steps {indices} but the trajectory has "
                          f"{len(traj.steps)} steps", where=where)
-    if judgment.mode not in ("steps", "unit-tests"):
-        raise RlanyError(f"mode must be 'steps' or 'unit-tests', got '{judgment.mode}'",
+    if judgment.mode not in MODES:
+        raise RlanyError(f"mode must be one of {', '.join(MODES)}, got '{judgment.mode}'",
                          where=where)
     for s in judgment.steps:
         if not s.samples:
