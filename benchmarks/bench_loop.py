@@ -54,7 +54,7 @@ micro_batch = 4
 grad_accum = 2
 max_steps = 2
 target_modules = "q_proj,v_proj"
-[adapt]
+[adapt_tasks]
 samples = 1
 max_tokens = 96
 """

@@ -54,7 +54,7 @@ def main() -> dict:
     from rlany.train import TrainOptions, load_model, micro_batches, plan_steps, train
 
     base = resolve_model("smollm2")
-    opts = TrainOptions(micro_batch=4, grad_accum=2, lr=2e-5)
+    opts = TrainOptions(output="unused", micro_batch=4, grad_accum=2, lr=2e-5)
     model, tok = load_model(base, None, opts)
     data = samples(tok)
     useful = sum(s.length for s in data)

@@ -89,3 +89,118 @@ def test_vllm_decodes_only_the_choices(vllm_engine):
     # (vLLM may spell a choice with more, smaller tokens than the tokenizer would: a random
     # tiny model does, so the budget is generous here)
     assert all(c.text in choices for c in result.completions), [c.text for c in result.completions]
+
+
+def _forward_logprobs(hf, prompt: list[int], ids: list[int], temperature: float = 1.0):
+    """log p(ids | prompt) under the base model (an earlier test may have loaded an adapter
+    into the engine) from one forward pass, as a trainer computes it."""
+    import torch
+
+    with torch.no_grad(), hf._use_adapter(None):
+        logits = hf.net(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits / temperature, -1).gather(
+        -1, torch.tensor(ids)[:, None])[:, 0].tolist()
+
+
+def test_hf_logprobs_are_the_untempered_policy(hf):
+    """Sampled at temperature 0.7 with top-p, the log-probs are still those of the raw
+    logits: exactly a separate forward pass (fp32), not the tempered distribution."""
+    (res,) = hf.generate([Request(MESSAGES, Sampling(n=3, max_tokens=10, temperature=0.7,
+                                                     top_p=0.9, logprobs=True, seed=2))])
+    for c in res.completions:
+        want = _forward_logprobs(hf, res.prompt_token_ids, c.token_ids)
+        assert c.logprobs == pytest.approx(want, abs=1e-4)
+        tempered = _forward_logprobs(hf, res.prompt_token_ids, c.token_ids, 0.7)
+        assert c.logprobs != pytest.approx(tempered, abs=1e-3)
+
+
+def test_hf_continuation_follows_the_generation_prompt(hf):
+    (first,) = hf.generate([Request(MESSAGES, GREEDY)])
+    head = first.completions[0].token_ids[:4]
+    (cont,) = hf.generate([Request(MESSAGES, GREEDY, continuation=tuple(head))])
+    assert cont.prompt_token_ids == render(hf.tokenizer, MESSAGES) + head
+    # greedy: continuing the first 4 greedy tokens gives the rest of the same answer
+    assert cont.completions[0].token_ids[:4] == first.completions[0].token_ids[4:8]
+
+
+PROFILE = {"cpu_flags": ["avx2"], "cpu_capability": "AVX2", "cores": 2, "cuda": None,
+           "cpu_bf16": False, "dtype": "float32", "vllm": True}
+
+
+@pytest.mark.parametrize("change, kind, why", [
+    ({}, "hf", "without AVX-512"),
+    ({"cpu_flags": ["avx2", "avx512f"]}, "vllm", "AVX-512"),
+    ({"cpu_flags": ["avx512f"], "vllm": False}, "hf", "not installed"),
+    ({"cuda": {"name": "H100", "count": 1, "bf16": True}}, "vllm", "CUDA GPU (H100)"),
+    ({"cuda": {"name": "H100", "count": 1, "bf16": True}, "vllm": False}, "hf", "CUDA"),
+])
+def test_auto_engine_rule(change, kind, why):
+    from rlany.engines import resolve_engine
+
+    got, reason = resolve_engine("auto", {**PROFILE, **change})
+    assert got == kind and why in reason
+    assert resolve_engine("hf", {**PROFILE, **change}) == ("hf", "asked for")
+
+
+@pytest.mark.parametrize("flags, capability, cuda, dtype", [
+    ({"avx2", "fma"}, "AVX2", None, "float32"),
+    ({"avx2", "avx512f"}, "AVX512", None, "float32"),             # AVX-512 without bf16
+    ({"avx512f", "avx512_bf16"}, "AVX512", None, "bfloat16"),
+    ({"avx512f", "amx_bf16", "amx_tile"}, "AVX512", None, "bfloat16"),
+    ({"avx512f", "avx512_bf16"}, "AVX2", None, "float32"),        # torch kernels not AVX-512
+    ({"avx2"}, "AVX2", {"name": "A100", "count": 1, "bf16": True}, "bfloat16"),
+    ({"avx512_bf16"}, "AVX512", {"name": "T4", "count": 1, "bf16": False}, "float32"),
+])
+def test_machine_profile_picks_the_dtype(monkeypatch, flags, capability, cuda, dtype):
+    from rlany import compat
+
+    monkeypatch.setattr(compat, "cpu_flags", lambda: set(flags))
+    monkeypatch.setattr(compat, "cpu_capability", lambda: capability)
+    monkeypatch.setattr(compat, "cuda_info", lambda: cuda)
+    profile = compat.machine_profile()
+    assert profile["dtype"] == dtype and profile["cores"] >= 1
+    assert set(profile["cpu_flags"]) <= set(compat.CPU_FLAGS)
+    assert compat.resolve_dtype("auto") == dtype and compat.resolve_dtype("float16") == "float16"
+
+
+def test_vllm_cpu_env_only_without_cuda(monkeypatch):
+    import os
+
+    from rlany import compat
+
+    monkeypatch.setattr(os, "environ", {"OMP_NUM_THREADS": "7"})
+    monkeypatch.setattr(compat, "cuda_info", lambda: {"name": "H100", "count": 1, "bf16": True})
+    assert compat.configure_vllm_cpu_env() is False and os.environ == {"OMP_NUM_THREADS": "7"}
+    monkeypatch.setattr(compat, "cuda_info", lambda: None)
+    assert compat.configure_vllm_cpu_env() is True
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert os.environ["OMP_NUM_THREADS"] == "7"   # the user's own value wins
+    cores = os.environ["VLLM_CPU_OMP_THREADS_BIND"].split(",")
+    assert [int(c) for c in cores] == compat.usable_cores()
+
+
+def test_vllm_continuation_canonical_choices_and_raw_logprobs(hf, vllm_engine):
+    """After a continuation, a choice comes out in the tokenizer's own tokens (the grammar
+    alone lets a random model spell it with smaller ones), and log-probs are those of the
+    raw logits, as HF's forward pass computes them."""
+    from rlany.prompts import VERDICT_CHOICES, generate_verdicts, parse_verdict
+
+    assert vllm_engine.raw_logprobs
+    head = tuple(hf.tokenizer("I think", add_special_tokens=False)["input_ids"])
+    (res,) = vllm_engine.generate([Request(MESSAGES, Sampling(
+        n=6, max_tokens=32, temperature=1.0, logprobs=True, choices=VERDICT_CHOICES),
+        continuation=head)])
+    assert res.prompt_token_ids == render(hf.tokenizer, MESSAGES) + list(head)
+    eos = hf.tokenizer.eos_token_id
+    for c in res.completions:
+        assert c.text in VERDICT_CHOICES
+        assert c.token_ids == hf.tokenizer(c.text, add_special_tokens=False)["input_ids"] + [eos]
+        want = _forward_logprobs(hf, res.prompt_token_ids, c.token_ids)
+        assert c.logprobs == pytest.approx(want, abs=2e-3)
+    requests = [Request(MESSAGES, Sampling(n=3, max_tokens=16, temperature=1.0,
+                                           logprobs=True))]
+    (verdicts,) = generate_verdicts(vllm_engine, requests, "constrained")
+    for c in verdicts.completions:
+        assert parse_verdict(c.text) != 0 and vllm_engine.decode(c.token_ids) == c.text
+        want = _forward_logprobs(hf, verdicts.prompt_token_ids, c.token_ids)
+        assert c.logprobs == pytest.approx(want, abs=2e-3)

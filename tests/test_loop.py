@@ -217,9 +217,9 @@ def test_config_errors(tmp_path):
     # --no-step-feedback on the command line is the ablation of a config that sets lam
     bad.write_text('name = "x"\ntasks = "t.jsonl"\n[score]\nlam = 1.0\nlone_step = "zero"\n')
     cfg = load_config(str(bad), {"step_feedback": False})
-    assert not cfg.step_feedback and cfg.sections["score"] == {"lone_step": "zero"}
+    assert not cfg.step_feedback and cfg.tables["score"] == {"lone_step": "zero", "lam": 0.0}
     bad.write_text('name = "x"\ntasks = "t.jsonl"\n[rollout]\nn = "four"\n')
-    with pytest.raises(RlanyError, match="rollout.n' must be int"):
+    with pytest.raises(RlanyError, match=r"\[rollout\] n' must be int"):
         load_config(str(bad))
 
 

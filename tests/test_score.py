@@ -189,8 +189,10 @@ def test_cli_malformed_line_7_is_one_line_error(tmp_path, cli):
 
 def test_cli_conflicting_flags_refused(tmp_path, cli):
     t, _ = _inputs(tmp_path)
-    r = cli("score", "-i", str(t), "--outcome-only", "--lam", "0.5", "-o", str(tmp_path / "s.jsonl"))
-    assert r.returncode == 1 and "--outcome-only" in r.stderr
+    r = cli("score", "-i", str(t), "--rm-acc-min", "0.9", "--rm-acc-max", "0.5", "-o",
+            str(tmp_path / "s.jsonl"))
+    assert r.returncode == 2 and "--rm-acc-min" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not (tmp_path / "s.jsonl").exists()
 
 
 def test_cli_wrong_file_kind_gets_a_hint(tmp_path, cli):

@@ -67,7 +67,7 @@ def _lora_params(model):
 
 
 def _train(tiny_model, tmp_path, name, samples=None, **kw):
-    opts = TrainOptions(lr=1e-2, seed=0, **kw)
+    opts = TrainOptions(output="unused", lr=1e-2, seed=0, **kw)
     model, tok = load_model(tiny_model, None, opts)
     samples = samples if samples is not None else _samples(tok)
     logs = []
@@ -76,7 +76,7 @@ def _train(tiny_model, tmp_path, name, samples=None, **kw):
 
 
 def test_eos_closes_each_response_and_long_samples_drop_whole(tiny_model):
-    _, tok = load_model(tiny_model, None, TrainOptions())
+    _, tok = load_model(tiny_model, None, TrainOptions(output="unused"))
     raw = [([{"role": "user", "content": "short"}], "ok", 0.5, True),
            ([{"role": "user", "content": "long " * 400}], "ok", -7.0, True),
            ([{"role": "user", "content": "cut"}], "partial", 0.25, False)]
@@ -89,7 +89,7 @@ def test_eos_closes_each_response_and_long_samples_drop_whole(tiny_model):
 
 
 def test_a_step_changes_the_adapter_and_writes_a_loadable_checkpoint(tiny_model, tmp_path):
-    opts = TrainOptions(lr=1e-2, micro_batch=4, grad_accum=1, max_steps=1)
+    opts = TrainOptions(output="unused", lr=1e-2, micro_batch=4, grad_accum=1, max_steps=1)
     model, tok = load_model(tiny_model, None, opts)
     before = _lora_params(model)
     logs = []
@@ -126,7 +126,7 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path):
     class Killed(Exception):
         pass
 
-    opts = TrainOptions(lr=1e-2, seed=0, micro_batch=2, grad_accum=1)
+    opts = TrainOptions(output="unused", lr=1e-2, seed=0, micro_batch=2, grad_accum=1)
     model, tok = load_model(tiny_model, None, opts)
 
     def die_after_two(record):
@@ -136,7 +136,7 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path):
     with pytest.raises(Killed):
         train(_samples(tok), model, tok, opts, tmp_path / "resumed", {"data_sha256": "x"},
               die_after_two)
-    assert (tmp_path / "resumed.partial" / "state.pt").exists()
+    assert (tmp_path / "resumed.partial" / "state.json").exists()
     assert not (tmp_path / "resumed").exists()          # no half checkpoint
     model, tok = load_model(tiny_model, None, opts)
     logs = []
@@ -151,7 +151,8 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path):
 
 def test_plan_covers_every_sample_once_per_epoch():
     samples = [Sample([1], [2], 0.0) for _ in range(10)]
-    steps = plan_steps(samples, TrainOptions(micro_batch=2, grad_accum=2, epochs=2), world=1)
+    opts = TrainOptions(output="unused", micro_batch=2, grad_accum=2, epochs=2)
+    steps = plan_steps(samples, opts, world=1)
     flat = [i for s in steps for i in s]
     assert sorted(flat) == sorted(list(range(10)) * 2) and len(steps) == 6
 
@@ -164,7 +165,7 @@ def test_cli_train_policy_then_train_rm(tiny_model, tmp_path, cli):
                              for i, (t, s) in enumerate(zip(trajs, scores))], ScoreOptions())
     data = write_jsonl(tmp_path / "scored.jsonl", scored)
     r = cli("train-policy", "-i", str(data), "-o", str(tmp_path / "policy"), "--model",
-            tiny_model, "--micro-batch-size", "2", "--grad-accum", "2")
+            tiny_model, "--micro-batch", "2", "--grad-accum", "2")
     assert r.returncode == 0, r.stderr
     meta = json.loads((tmp_path / "policy" / "rlany.json").read_text())
     assert meta["kind"] == "policy" and meta["samples"] == 8 and meta["metrics"]["steps"] == 2
@@ -188,11 +189,11 @@ def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tmp_pa
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "RLANY_DEBUG": "1"}
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                           "-m", "rlany", "train-policy", "-i", data, "-o", str(tmp_path / "ddp"),
-                          "--model", tiny_model, "--micro-batch-size", "2", "--grad-accum", "1"],
+                          "--model", tiny_model, "--micro-batch", "2", "--grad-accum", "1"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     one = subprocess.run([sys.executable, "-m", "rlany", "train-policy", "-i", data, "-o",
-                          str(tmp_path / "one"), "--model", tiny_model, "--micro-batch-size", "2",
+                          str(tmp_path / "one"), "--model", tiny_model, "--micro-batch", "2",
                           "--grad-accum", "2"], capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     a = [json.loads(x) for x in (tmp_path / "ddp.metrics.jsonl").read_text().splitlines()]

@@ -25,26 +25,61 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from rlany.engines import Engine, Request, Sampling
 from rlany.envs import Environment
+from rlany.errors import RlanyError
+from rlany.options import EngineFields, opt
 from rlany.prompts import clip, rewrite_messages
 from rlany.records import Judgment, Lineage, Task, TaskStats
 
 
-@dataclass(frozen=True)
-class AdaptOptions:
-    alpha_high: float = 0.8
-    alpha_low: float = 0.2
-    samples: int = 2  # rewrites drawn per task; the first valid one is kept
-    critiques: int = 3  # critique snippets in a summary
-    dup_threshold: float = 97.0  # rapidfuzz ratio at or above which a rewrite is a duplicate
-    sampling: Sampling = Sampling(max_tokens=384, temperature=0.7)
-    adapter: str | None = None
-    iteration: int = 0
-    seed: int = 0
+@dataclass(frozen=True, kw_only=True)
+class AdaptOptions(EngineFields):
+    input: str = opt("-", "The task pool (tasks.jsonl); - for stdin (the default).",
+                     scope="io", short="-i")
+    stats: str = opt("task_stats.jsonl", "task_stats.jsonl from `rlany score` of a rollout of "
+                     "the pool (and of --pending).", scope="io")
+    output: str = opt("next_tasks.jsonl", "The next task pool; - for stdout.", scope="io",
+                      short="-o")
+    candidates: str = opt("candidates.jsonl", "New candidate tasks, to roll out next "
+                          "iteration.", scope="io")
+    decisions: str | None = opt(None, "Acceptance decisions and rejected rewrites, with "
+                                "reasons. Default: decisions.jsonl beside --output (none when "
+                                "--output is -).", scope="io")
+    judgments: str | None = opt(None, "judgments.jsonl: the critiques the rewriter reads.",
+                                scope="io", short="-j")
+    pending: str | None = opt(None, "Last iteration's candidates, rolled out in this "
+                              "iteration: accepted or rejected by the acceptance rule.",
+                              scope="io")
+    iteration: int = opt(0, "Loop iteration (ids and lineage).", scope="io", min=0)
+    alpha_high: float = opt(0.8, "acc >= this: make the task harder.", min=0, max=1)
+    alpha_low: float = opt(0.2, "acc <= this: make the task easier.", min=0, max=1)
+    samples: int = opt(2, "Rewrites drawn per task; the first valid one is kept.", min=1)
+    critiques: int = opt(3, "Critique snippets in a task's summary.", min=1)
+    dup_threshold: float = opt(97.0, "rapidfuzz similarity (0-100) at which a rewrite "
+                               "duplicates a pool task.", min=0, max=100)
+    max_tokens: int = opt(384, "Max new tokens per rewrite.", min=1)
+    temperature: float = opt(0.7, "Sampling temperature of the rewriter.", min=0)
+
+    def check(self, name) -> None:
+        if self.alpha_low >= self.alpha_high:
+            raise RlanyError(f"need {name('alpha_low')} < {name('alpha_high')}, got "
+                             f"{self.alpha_low} >= {self.alpha_high}")
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(max_tokens=self.max_tokens, temperature=self.temperature)
+
+    @property
+    def decisions_path(self) -> str | None:
+        if self.decisions is None and self.output != "-":
+            return str(Path(self.output).with_name("decisions.jsonl"))
+        return self.decisions
 
 
 def direction_for(acc: float, opts: AdaptOptions) -> str | None:
@@ -205,3 +240,81 @@ def _candidate(parent: Task, spec: dict, direction: str, parent_acc: float, crit
                 extra={**parent.extra, "candidate": {"parent_acc": parent_acc,
                                                      "proposed_iter": iteration,
                                                      "critique": critique}})
+
+
+# -- the file driver: `rlany adapt-tasks` and the loop's adapt-tasks stage ---------------
+
+def collect_critiques(judgments: str, task_ids: set[str], limit: int,
+                      name: str | None = None) -> dict[str, str]:
+    """Critique summaries of the given tasks, streaming the judgments file once."""
+    from rlany.jsonl import JsonlReader
+
+    grouped: dict[str, list] = {}
+    for _, j in JsonlReader(judgments, Judgment, "judgments", name=name):
+        if j.task_id in task_ids:
+            grouped.setdefault(j.task_id, []).append(j)
+    return {tid: critique_summary(js, limit) for tid, js in grouped.items()}
+
+
+def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
+    """Accept/reject pending candidates, then propose new ones; write pool + candidates."""
+    from rlany import envs
+    from rlany.console import info
+    from rlany.jsonl import AtomicJsonl, write_meta
+    from rlany.stageio import (
+        GEN_VERSIONS,
+        check_adapter,
+        prepare_paths,
+        read_stats,
+        read_tasks,
+        sha256_file,
+        start_engine,
+    )
+
+    started = time.time()
+    check_adapter(opts.adapter)
+    decisions_out = opts.decisions_path
+    paths = prepare_paths(
+        {"--input": opts.input, "--stats": opts.stats, "--judgments": opts.judgments,
+         "--pending": opts.pending},
+        {"--output": opts.output, "--candidates": opts.candidates,
+         "--decisions": decisions_out})
+    # every input fails before the engine starts
+    pool, pool_reader = read_tasks(paths["--input"], name=opts.input)
+    stats = read_stats(paths["--stats"], name=opts.stats)
+    inputs: list = [pool_reader, {"path": opts.stats, "sha256": sha256_file(paths["--stats"])}]
+    pending_tasks: list = []
+    if opts.pending:
+        pending_tasks, pending_reader = read_tasks(paths["--pending"], allow_empty=True,
+                                                     name=opts.pending)
+        inputs.append(pending_reader)
+    new_pool, decisions = decide(pool, pending_tasks, stats, opts)
+    targets = {t.task_id for t in new_pool
+               if t.task_id in stats and direction_for(stats[t.task_id].acc, opts)}
+    critiques = (collect_critiques(paths["--judgments"], targets, opts.critiques,
+                                   opts.judgments) if opts.judgments else {})
+    engine = engine or (start_engine(opts) if targets else None)
+    candidates, rejections = (propose(new_pool, stats, critiques, engine, envs.make_env, opts)
+                              if targets else ([], []))
+    accepted = sum(d["accepted"] for d in decisions)
+    with AtomicJsonl(opts.candidates) as out:
+        out.write_all(candidates)
+    if decisions_out:
+        with AtomicJsonl(decisions_out) as out:
+            out.write_all([{"kind": "decision", **d} for d in decisions] +
+                          [{"kind": "rewrite_rejected", **r} for r in rejections])
+    with AtomicJsonl(opts.output) as out:
+        out.write_all(new_pool)
+    counts = {"pool": len(new_pool), "pending": len(pending_tasks), "accepted": accepted,
+              "rejected": len(decisions) - accepted, "targets": len(targets),
+              "candidates": len(candidates), "rewrites_rejected": len(rejections)}
+    flags = {**asdict(opts), "model": engine.model if engine else opts.model}
+    for path in (opts.candidates, decisions_out, opts.output):  # the pool's meta last
+        if path:
+            write_meta(path, stage="adapt-tasks", flags=flags, inputs=inputs, counts=counts,
+                       started=started, versions=GEN_VERSIONS)
+    info(f"adapt-tasks: accepted {accepted} of {len(pending_tasks)} candidates; "
+         f"{len(targets)} tasks to adapt -> {len(candidates)} new candidates, "
+         f"{len(rejections)} rewrites rejected -> {opts.output} "
+         f"({time.time() - started:.1f}s)")
+    return counts

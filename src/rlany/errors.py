@@ -9,6 +9,8 @@ from __future__ import annotations
 
 
 class RlanyError(Exception):
+    exit_code = 1  # bad input; a UsageError (a flag's value or a flag combination) exits 2
+
     def __init__(self, message: str, where: str | None = None, hint: str | None = None):
         super().__init__(message)
         self.message = message
@@ -20,3 +22,9 @@ class RlanyError(Exception):
         if self.hint:
             text += f" (hint: {self.hint})"
         return text.replace("\n", " ")
+
+
+class UsageError(RlanyError):
+    """A bad flag value or combination on the command line: one line, exit code 2."""
+
+    exit_code = 2

@@ -14,10 +14,73 @@ judgments hold the last step only, and these rates cover those steps.
 
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import dataclass
 from math import comb
 from statistics import fmean
 
+from rlany.errors import RlanyError
+from rlany.options import EngineFields, opt
 from rlany.records import Judgment, Trajectory
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalOptions(EngineFields):
+    input: str = opt("-", "Held-out tasks.jsonl; - for stdin (the default).", scope="io",
+                     short="-i")
+    output: str = opt("eval.json", "Summary JSON; - for stdout.", scope="io", short="-o")
+    trajectories: str | None = opt(None, "Also write the eval trajectories here.", scope="io")
+    n: int = opt(4, "Episodes per task.", min=1)
+    k: tuple[int, ...] = opt((1,), "pass@k to report (each <= --n).", min=1)
+    max_steps: int = opt(1, "Turns per episode at most.", min=1)
+    max_tokens: int = opt(256, "Max new tokens per response.", min=1)
+    temperature: float = opt(0.8, "Sampling temperature.", min=0)
+    top_p: float = opt(1.0, "Nucleus sampling top-p.", min=0, max=1, min_exclusive=True)
+    batch_tasks: int = opt(16, "Tasks whose episodes step together.", min=1)
+    history_turns: int | None = opt(None, "Keep the task message plus the last K turns in the "
+                                    "prompt (default: all).", min=0)
+    constrain_actions: bool = opt(False, "Decode every response as one of the env's "
+                                  "admissible actions.")
+    judge: bool = opt(False, "Also judge the eval trajectories: step accuracy against the "
+                      "env's step labels, and the last step against the outcome.")
+    judge_adapter: str | None = opt(None, "Reward-model adapter for the judge (implies "
+                                    "--judge).", scope="io")
+    m: int = opt(3, "Judge samples per step.", min=1)
+    judge_max_tokens: int = opt(384, "Max new tokens of the judge's reasoning.", min=1)
+    judge_temperature: float = opt(0.8, "The judge's sampling temperature.", min=0)
+    history_steps: int = opt(5, "Earlier actions shown to the judge.", min=0)
+    judge_mode: str = opt("steps", "The judge's mode (see `rlany judge --help`).",
+                          choices=("steps", "unit-tests"))
+    verdict: str = opt("constrained", "The judge's verdict decoding (see `rlany judge "
+                       "--help`).", choices=("constrained", "free"))
+    judge_last_step_only: bool = opt(False, "Judge only each episode's last step: the "
+                                     "outcome-labelled one, at a fraction of the cost.")
+
+    def check(self, name) -> None:
+        if any(x > self.n for x in self.k):
+            raise RlanyError(f"every {name('k')} must be <= {name('n')} {self.n}, got "
+                             f"{list(self.k)}")
+
+    def rollout_options(self):
+        from rlany.rollout import RolloutOptions
+
+        same = {f: getattr(self, f) for f in (
+            "model", "engine", "adapter", "seed", "dtype", "max_model_len", "base_url",
+            "max_lora_rank", "n", "max_steps", "max_tokens", "temperature", "top_p",
+            "batch_tasks", "history_turns", "constrain_actions")}
+        return RolloutOptions(input=self.input, **same)
+
+    def judge_options(self):
+        from rlany.judge import JudgeOptions
+
+        if not (self.judge or self.judge_adapter):
+            return None
+        return JudgeOptions(input=self.input, adapter=self.judge_adapter, seed=self.seed,
+                            m=self.m, max_tokens=self.judge_max_tokens,
+                            temperature=self.judge_temperature, mode=self.judge_mode,
+                            history_steps=self.history_steps, verdict=self.verdict,
+                            last_step_only=self.judge_last_step_only)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -63,3 +126,56 @@ def judge_metrics(trajectories: list[Trajectory], judgments: list[Judgment]) -> 
         "judge_outcome_agreement": agree / len(trajectories) if trajectories else None,
         "judge_labelled_verdicts": labelled,
     }
+
+
+# -- the file driver: `rlany eval` and the loop's eval stage ----------------------------
+
+def run(opts: EvalOptions, engine=None) -> dict:
+    """Roll out eval tasks (and optionally judge them); write a summary JSON atomically."""
+    from rlany import envs
+    from rlany.console import info
+    from rlany.jsonl import AtomicJsonl, write_meta, write_text_atomic
+    from rlany.judge import judge, unit_test_counts
+    from rlany.rollout import rollout
+    from rlany.stageio import GEN_VERSIONS, begin_generation, engine_flags
+
+    started = time.time()
+    tasks, reader, engine = begin_generation(
+        opts, {"--output": opts.output, "--trajectories": opts.trajectories}, engine,
+        {"--judge-adapter": opts.judge_adapter})
+    ropts, jopts = opts.rollout_options(), opts.judge_options()
+    policy = {"model": engine.model, "adapter": opts.adapter}
+    groups = list(rollout(tasks, engine, envs.make_env, ropts, policy))
+    summary = {"policy": policy, **policy_metrics(groups, list(opts.k))}
+    flat = [t for g in groups for t in g]
+    if opts.trajectories:
+        with AtomicJsonl(opts.trajectories) as out:
+            out.write_all(flat)
+    if jopts is not None:
+        judged_groups = list(judge(flat, engine, jopts,
+                                   {"model": engine.model, "adapter": jopts.adapter}))
+        judged = [j for g in judged_groups for j in g]
+        summary["judge"] = {"model": engine.model, "adapter": jopts.adapter,
+                            "mode": jopts.mode, "verdict": jopts.verdict}
+        summary.update(judge_metrics(flat, judged))
+        if jopts.mode == "unit-tests":
+            outcomes = {t.traj_id: t.outcome for t in flat}
+            for g in judged_groups:
+                for key, value in unit_test_counts(g, outcomes).items():
+                    summary[f"judge_{key}"] = summary.get(f"judge_{key}", 0) + value
+    summary["wall_time_s"] = round(time.time() - started, 3)
+    text = json.dumps(summary, indent=2) + "\n"
+    if opts.output == "-":
+        print(text, end="", flush=True)
+    else:
+        write_text_atomic(opts.output, text)
+    write_meta(opts.output, stage="eval", flags=engine_flags(opts, engine), inputs=[reader],
+               counts={k: v for k, v in summary.items() if k != "per_task"}, started=started,
+               versions=GEN_VERSIONS)
+    acc = summary.get("judge_step_accuracy")
+    info(f"eval: success {summary['success_rate']:.3f} over {summary['trajectories']} "
+         f"trajectories of {summary['tasks']} tasks, "
+         + ", ".join(f"pass@{k} {summary[f'pass@{k}']:.3f}" for k in opts.k)
+         + (f", judge step accuracy {acc:.3f}" if acc is not None else "")
+         + f" -> {opts.output} ({summary['wall_time_s']:.1f}s)")
+    return summary

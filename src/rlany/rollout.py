@@ -24,27 +24,41 @@ resumed run that redoes a batch, draws the same samples from a seeded engine.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from rlany.chat import text_of, user_content
-from rlany.engines import Engine, Request, Sampling, stable_seed
+from rlany.engines import Completion, Engine, Request, Sampling, stable_seed
 from rlany.envs import Environment, split_obs
 from rlany.errors import RlanyError
+from rlany.options import EngineFields, opt
 from rlany.records import Step, Task, Trajectory, traj_id
 
 
-@dataclass(frozen=True)
-class RolloutOptions:
-    n: int = 8
-    max_steps: int = 1
-    iteration: int = 0
-    seed: int = 0
-    batch_tasks: int = 16  # tasks whose episodes are stepped together
-    sampling: Sampling = Sampling(max_tokens=256, temperature=1.0)
-    adapter: str | None = None
-    history_turns: int | None = None  # keep only the last K turns in the prompt (None: all)
-    constrain_actions: bool = False  # decode each response as one of env.choices()
+@dataclass(frozen=True, kw_only=True)
+class RolloutOptions(EngineFields):
+    input: str = opt("-", "tasks.jsonl; - for stdin (the default).", scope="io", short="-i")
+    output: str = opt("trajectories.jsonl", "trajectories.jsonl; - for stdout. A file resumes: "
+                      "a rerun with the same flags continues after the last complete task "
+                      "(stdout does not resume).", scope="io", short="-o")
+    iteration: int = opt(0, "Loop iteration, part of traj_id.", scope="io", min=0)
+    n: int = opt(8, "Episodes per task.", min=1)
+    max_steps: int = opt(1, "Turns per episode at most.", min=1)
+    max_tokens: int = opt(256, "Max new tokens per response.", min=1)
+    temperature: float = opt(1.0, "Sampling temperature.", min=0)
+    top_p: float = opt(1.0, "Nucleus sampling top-p.", min=0, max=1, min_exclusive=True)
+    batch_tasks: int = opt(16, "Tasks whose episodes step together.", min=1)
+    history_turns: int | None = opt(None, "Keep the task message plus the last K turns in the "
+                                    "prompt (default: all).", min=0)
+    constrain_actions: bool = opt(False, "Decode every response as exactly one of the env's "
+                                  "admissible actions (envs with choices(): household, "
+                                  "alfworld; engines vllm, hf, fake).")
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(max_tokens=self.max_tokens, temperature=self.temperature,
+                        top_p=self.top_p, logprobs=True)
 
 
 @dataclass
@@ -79,6 +93,7 @@ def rollout(tasks: Iterable[Task], engine: Engine, make_env: Callable[[str], Env
 def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Environment],
                opts: RolloutOptions, policy: dict) -> Iterator[list[Trajectory]]:
     episodes = [_start(task, k, make_env) for task in tasks for k in range(opts.n)]
+    real_ids = getattr(engine, "real_token_ids", True)  # the fake engine's ids are made up
     for turn in range(opts.max_steps):
         live = [e for e in episodes if e.finish is None]
         if not live:
@@ -102,8 +117,7 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
             for e, completion in zip(group, result.completions):
                 e.prompt_tokens += len(result.prompt_token_ids)
                 e.completion_tokens += len(completion.token_ids)
-                _advance(e, request_messages=_window(e.messages, opts.history_turns),
-                         response=completion.text, finish_reason=completion.finish_reason)
+                _advance(e, _window(e.messages, opts.history_turns), completion, real_ids)
         for e in live:
             if e.finish is None and len(e.steps) >= opts.max_steps:
                 e.finish = "max_steps"
@@ -134,23 +148,27 @@ def _start(task: Task, sample: int, make_env: Callable[[str], Environment]) -> _
     return episode
 
 
-def _advance(e: _Episode, request_messages: list[dict], response: str, finish_reason: str) -> None:
-    obs = e.obs
+def _advance(e: _Episode, request_messages: list[dict], completion: Completion,
+             real_ids: bool = True) -> None:
+    obs, response = e.obs, completion.text
+    sampled = {"token_ids": completion.token_ids if real_ids else None,
+               "logprobs": completion.logprobs if real_ids else None,
+               "finish_reason": completion.finish_reason}
     try:
         result = e.env.step(response)
     except Exception as exc:
         e.steps.append(Step(obs=obs, prompt_messages=request_messages, response=response,
                             action=None, next_obs="", images=e.images,
-                            info={"error": f"step: {type(exc).__name__}: {exc}"}))
+                            info={"error": f"step: {type(exc).__name__}: {exc}"}, **sampled))
         e.finish = "error"
         return
     info = dict(result.info)
-    if finish_reason == "length":
+    if completion.finish_reason == "length":
         info["truncated"] = True
     next_images = [str(p) for p in result.images]
     e.steps.append(Step(obs=obs, prompt_messages=request_messages, response=response,
                         action=result.action, next_obs=result.obs, info=info, images=e.images,
-                        next_images=next_images))
+                        next_images=next_images, **sampled))
     if result.done:
         e.finish, e.success = ("success" if result.success else "failure"), result.success
         return
@@ -175,4 +193,52 @@ def _trajectory(e: _Episode, opts: RolloutOptions, policy: dict) -> Trajectory:
                       steps=e.steps, outcome=1 if e.success else -1, finish=finish,
                       policy=policy, prompt_tokens=e.prompt_tokens,
                       completion_tokens=e.completion_tokens,
-                      extra={"error": e.error} if e.error else {})
+                      extra={**({"error": e.error} if e.error else {}),
+                             # a candidate task's rollouts decide its acceptance; score
+                             # trains on none of them until it is accepted into the pool
+                             **({"candidate": True} if "candidate" in e.task.extra else {})})
+
+
+# -- the file driver: `rlany rollout` and the loop's rollout stage ----------------------
+
+def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
+    """Read tasks, roll out (resuming a partial output), write trajectories + sidecar."""
+    from rlany import envs
+    from rlany.console import info, progress
+    from rlany.jsonl import ResumableJsonl, output_lock, write_meta
+    from rlany.stageio import GEN_VERSIONS, begin_generation, engine_flags
+
+    started = time.time()
+    tasks, reader, engine = begin_generation(opts, {"--output": opts.output}, engine)
+    flags = engine_flags(opts, engine)
+    with output_lock(opts.output):
+        out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
+        done = set(out.done)
+        todo = [t for t in tasks if t.task_id not in done]
+        if done:
+            info(f"rollout: resuming, {len(done)} of {len(tasks)} tasks already done")
+        stats = engine.stats
+        calls0, tokens0, secs0 = stats.calls, stats.completion_tokens, stats.seconds
+        successes = total = 0
+        try:
+            with progress("rollout", len(todo)) as bar:
+                for group in rollout(todo, engine, envs.make_env, opts,
+                                     {"model": engine.model, "adapter": opts.adapter}):
+                    out.write_group(group[0].task_id, group)
+                    successes += sum(t.outcome == 1 for t in group)
+                    total += len(group)
+                    bar.advance()
+        finally:
+            out.close()
+        out.finish()
+    tokens, seconds = stats.completion_tokens - tokens0, stats.seconds - secs0
+    counts = {"tasks": len(tasks), "trajectories": out.count, "new_trajectories": total,
+              "success_rate": successes / max(total, 1), "completion_tokens": tokens,
+              "generate_calls": stats.calls - calls0, "generate_seconds": round(seconds, 3)}
+    write_meta(opts.output, stage="rollout", flags=flags, inputs=[reader], counts=counts,
+               started=started, versions=GEN_VERSIONS)
+    info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/{total}; "
+         f"{tokens} tokens, {tokens / seconds if seconds else 0:.0f} tokens/s "
+         f"[{flags.get('engine_resolved', {}).get('engine', opts.engine)}] -> {opts.output} "
+         f"({time.time() - started:.1f}s)")
+    return counts

@@ -42,24 +42,53 @@ which is how `rlany judge` writes them. Memory is bounded by the largest group.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from rlany.errors import RlanyError
 from rlany.judge import MODES
+from rlany.options import opt
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
 
 EPS_STD = 1e-8  # below this a group's rewards are treated as all equal
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScoreOptions:
-    lam: float = 1.0
-    lone_step: str = "raw"  # raw | zero
-    uniform_tasks: str = "separated"  # separated | drop | keep
-    unparseable_penalty: float = -2.0
-    rm_acc_min: float = 0.2
-    rm_acc_max: float = 0.8
+    input: str = opt("-", "trajectories.jsonl; - for stdin (the default).", scope="io", short="-i")
+    output: str = opt("scored.jsonl", "scored.jsonl; - for stdout.", scope="io", short="-o")
+    judgments: str | None = opt(None, "judgments.jsonl from `rlany judge`, in trajectory order. "
+                                "Without it there are no step scores (outcome only) and no "
+                                "reward-model data.", scope="io", short="-j")
+    stats: str | None = opt(None, "Per-task accuracy file. Default: task_stats.jsonl beside "
+                            "--output (none when --output is -).", scope="io")
+    lam: float = opt(1.0, "lambda in R = O + lambda * mean(S); 0 = outcome only.", min=0)
+    lone_step: str = opt("raw", "A step index reached by only one trajectory: keep its raw R "
+                         "as the advantage (reference behaviour) or drop it (zero).",
+                         choices=("raw", "zero"))
+    uniform_tasks: str = opt("separated", "Tasks whose rollouts all succeed or all fail: keep "
+                             "for the policy only if step rewards separate them (separated), "
+                             "never (drop) or always (keep).",
+                             choices=("separated", "drop", "keep"))
+    unparseable_penalty: float = opt(-2.0, "Consistency reward of an unparseable judge sample.")
+    rm_acc_min: float = opt(0.2, "Reward-model data only from tasks with accuracy >= this.",
+                            min=0, max=1)
+    rm_acc_max: float = opt(0.8, "Reward-model data only from tasks with accuracy <= this.",
+                            min=0, max=1)
+
+    def check(self, name) -> None:
+        if self.rm_acc_min > self.rm_acc_max:
+            raise RlanyError(f"need {name('rm_acc_min')} <= {name('rm_acc_max')}, got "
+                             f"{self.rm_acc_min} > {self.rm_acc_max}")
+
+    @property
+    def stats_path(self) -> str | None:
+        if self.stats is None and self.output != "-":
+            return str(Path(self.output).with_name("task_stats.jsonl"))
+        return self.stats
 
 
 Located = tuple[str, object]  # ("path:line", record)
@@ -176,7 +205,10 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
             advantages[i][t] = a
 
     uniform = successes in (0, n)
-    if not uniform:
+    candidate = any(t.extra.get("candidate") for t in trajs)
+    if candidate:
+        policy_keep, policy_reason = False, "candidate task, not accepted yet"
+    elif not uniform:
         policy_keep, policy_reason = True, "mixed outcomes"
     elif opts.uniform_tasks == "keep":
         policy_keep, policy_reason = True, "uniform outcome, kept by --uniform-tasks keep"
@@ -185,8 +217,9 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
     else:
         policy_keep, policy_reason = False, "uniform outcome"
 
-    rm_keep = opts.rm_acc_min <= acc <= opts.rm_acc_max
-    rm_reason = ("acc within rm range" if rm_keep else
+    rm_keep = opts.rm_acc_min <= acc <= opts.rm_acc_max and not candidate
+    rm_reason = ("candidate task, not accepted yet" if candidate else
+                 "acc within rm range" if rm_keep else
                  f"acc {acc:.2f} outside [{opts.rm_acc_min}, {opts.rm_acc_max}]")
 
     tests = _test_rewards(group, rm_keep, opts)
@@ -206,6 +239,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                 step=t, prompt_messages=step.prompt_messages, response=step.response,
                 step_score=step_scores[i][t], reward=rewards[i][t], advantage=advantages[i][t],
                 keep=keep, judge=judge, truncated=bool(step.info.get("truncated", False)),
+                token_ids=step.token_ids, logprobs=step.logprobs,
                 judge_messages=judgment.steps[t].judge_messages if judgment else None))
         scored.append(Scored(traj_id=tr.traj_id, task_id=tr.task_id, iteration=tr.iteration,
                              sample=tr.sample, outcome=tr.outcome, task_acc=acc, steps=steps,
@@ -237,7 +271,8 @@ def _consistency(judgment: Judgment | None, t: int, reward: float, rm_keep: bool
     a = standardize(r)
     agree = len({s.score for s in samples}) == 1
     return [ScoredJudgeSample(text=s.text, score=s.score, reward=ri, advantage=ai,
-                              keep=rm_keep and not agree and ai != 0.0)
+                              keep=rm_keep and not agree and ai != 0.0,
+                              token_ids=s.token_ids, finish_reason=s.finish_reason)
             for s, ri, ai in zip(samples, r, a)]
 
 
@@ -297,3 +332,55 @@ def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
         "parse_fail_rate": (sum(v == 0 for v in verdicts) / len(verdicts)) if verdicts else None,
         "judge_outcome_agreement": sum(agree) / len(agree),
     }
+
+
+# -- the file driver: `rlany score` and the loop's score stage --------------------------
+
+def run(opts: ScoreOptions, engine: object = None) -> dict:
+    """Stream trajectories (+ judgments) one task group at a time; write scored + stats."""
+    from rlany.console import info
+    from rlany.jsonl import AtomicJsonl, JsonlReader, write_meta
+    from rlany.stageio import prepare_paths
+
+    started = time.time()
+    stats = opts.stats_path
+    paths = prepare_paths({"--input": opts.input, "--judgments": opts.judgments},
+                          {"--output": opts.output, "--stats": stats})
+    traj_reader = JsonlReader(paths["--input"], Trajectory, "trajectories", name=opts.input)
+    judge_reader = (JsonlReader(paths["--judgments"], Judgment, "judgments",
+                                name=opts.judgments) if opts.judgments else None)
+    counts = {"tasks": 0, "pool_tasks": 0, "candidate_tasks": 0, "trajectories": 0,
+              "policy_samples": 0, "rm_samples": 0}
+    acc_sum = agree_sum = 0.0
+    agree_n = 0
+    with AtomicJsonl(opts.output) as out, \
+            (AtomicJsonl(stats) if stats else nullcontext()) as st:
+        for scored, task_stats in score_stream(traj_reader, judge_reader, opts):
+            out.write_all(scored)
+            if st:
+                st.write(task_stats)
+            counts["tasks"] += 1
+            counts["trajectories"] += len(scored)
+            counts["policy_samples"] += task_stats.policy_samples
+            counts["rm_samples"] += task_stats.rm_samples
+            if scored and scored[0].extra.get("candidate"):
+                counts["candidate_tasks"] += 1
+                continue  # train_acc is the pool's accuracy; candidates are still on trial
+            counts["pool_tasks"] += 1
+            acc_sum += task_stats.acc
+            if task_stats.judge_outcome_agreement is not None:
+                agree_sum += task_stats.judge_outcome_agreement
+                agree_n += 1
+    counts["mean_acc"] = acc_sum / max(counts["pool_tasks"], 1)
+    counts["judge_outcome_agreement"] = agree_sum / agree_n if agree_n else None
+    inputs = [traj_reader] + ([judge_reader] if judge_reader else [])
+    flags = {**asdict(opts), "stats": stats}
+    for path in (opts.output, stats):
+        if path:
+            write_meta(path, stage="score", flags=flags, inputs=inputs, counts=counts,
+                       started=started)
+    info(f"score: {counts['trajectories']} trajectories in {counts['tasks']} tasks "
+         f"({counts['candidate_tasks']} candidates), pool acc {counts['mean_acc']:.3f}, "
+         f"{counts['policy_samples']} policy samples, {counts['rm_samples']} reward-model "
+         f"samples -> {opts.output} ({time.time() - started:.1f}s)")
+    return counts

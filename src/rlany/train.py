@@ -1,36 +1,38 @@
 """The one training loop behind `train-policy` and `train-rm` (no Trainer subclass).
 
-A sample is (chat messages -> response text, advantage). `train-policy` takes every scored
-step with `keep` (its prompt_messages -> its response, the step's advantage); `train-rm`
-takes every kept judge sample (the step's judge_messages -> the judge's text, its
-consistency advantage). Tokens: the prompt is rendered with the tokenizer's chat template
-(`rlany.chat.render`, exactly as at generation), the response is tokenized and closed with
-EOS (except a response that was cut by max_tokens: it never ended, so no EOS is taught).
-A sample longer than `max_len` is dropped whole: prompt, response and advantage together.
+A sample is (chat messages -> response tokens, advantage): for `train-policy` each kept
+scored step (prompt_messages -> response, the step's advantage), for `train-rm` each kept
+judge sample (judge_messages -> the judge's output, its consistency advantage). The prompt
+is rendered with the tokenizer's chat template (`rlany.chat.render`, as at generation); the
+response is the **sampled token ids** of the record (older records without ids fall back
+to tokenizing the text; both are counted). EOS closes a response only where generation
+ended (policy: not `truncated`; judge: finish_reason not "length") and the sampled ids do
+not already end with it. A sample longer than `max_len` is dropped whole.
 
-The update (DESIGN §4, `rlany.losses`): log-probs of the pre-update policy are computed
-first (no grad, eval mode); then `epochs` passes of PPO-clip + k3 KL to that snapshot.
-Samples are shuffled (seeded) into optimizer steps of `micro_batch * grad_accum * world`
-sequences; inside a step they are sorted by length into micro-batches, so little compute
-goes to padding. The loss of a micro-batch is its summed per-sequence loss divided by the
-sequence count of the whole optimizer step: accumulation is scaled exactly once.
+The update (DESIGN §4, `rlany.losses`): PPO's pre-update log-probs are the sampling
+engine's own with `old_logprobs` "generation" (or "auto" when every sample has them: the
+caller vouches that the sampler was this model at this precision); else ("recompute") a
+no-grad pass, except for the first optimizer step's samples, which take theirs from that
+step's own forward. Then `epochs` passes of PPO-clip + k3 KL to that snapshot. Samples are
+shuffled (seeded) into optimizer steps of `micro_batch * grad_accum * world` sequences;
+each process takes its slice, sorted by length into micro-batches. A micro-batch's loss is
+its summed per-sequence loss / (step size / world): with the backend's gradient average,
+the exact mean over the step, scaled once.
 
-Runs under Accelerate: plain `python` on one CPU/GPU, `accelerate launch` on many (DDP,
-FSDP, DeepSpeed through accelerate config files). Each process trains on its slice of each
-optimizer step; gradients are averaged by the backend, and the loss scaling above keeps
-the global mean exact.
+Accelerate runs it: plain `python` on one device, `accelerate launch` on many (DDP, FSDP,
+DeepSpeed config files in examples/accelerate/). Every process runs the same number of
+forward and backward calls (FSDP and ZeRO-3 gather weights in each forward; DDP reduces in
+each synced backward): a short slice is padded with a row whose loss mask is empty.
 
-Resume: every `save_every` optimizer steps the trainable weights, optimizer state and step
-count go to `OUT.partial/state.pt` (atomically). A rerun with the same data continues from
-there. The finished checkpoint is written to a temp directory and renamed to OUT, so a
-directory named OUT is always complete.
+Resume: every `save_every` optimizer steps `Accelerator.save_state` (every process) writes
+`OUT.partial/step-N/` and then `state.json` names it; a rerun of the same data continues
+there. Final weights come from `Accelerator.get_state_dict` into a temp directory renamed
+to OUT, so OUT is always complete. A non-finite loss or gradient norm stops with an error.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
 import shutil
 import time
@@ -38,31 +40,15 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from rlany.errors import RlanyError
 from rlany.records import Scored
 
+# the options (flags, loop keys, defaults) are defined once, in rlany.train_stage
+from rlany.train_stage import TrainOptions  # noqa: E402
 
-@dataclass(frozen=True)
-class TrainOptions:
-    lr: float = 2e-5  # LoRA; full fine-tuning wants ~1e-6 (DESIGN §4)
-    epochs: int = 1
-    micro_batch: int = 4
-    grad_accum: int = 2
-    clip_eps: float = 0.2
-    kl_beta: float = 0.01
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    max_len: int = 1024
-    seed: int = 0
-    full: bool = False  # full fine-tuning instead of LoRA
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    target_modules: str = "all-linear"
-    dtype: str = "float32"
-    save_every: int = 1
-    max_steps: int | None = None  # stop after this many optimizer steps (tests, budgets)
+OLD_LOGPROBS = ("auto", "recompute", "generation")
 
 
 @dataclass
@@ -70,45 +56,64 @@ class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
     advantage: float
+    old_logprobs: list[float] | None = None  # the engine's log-prob of each response id
+    from_ids: bool = False  # the response is the sampled ids (not a re-tokenized text)
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-RawSample = tuple[list[dict], str, float, bool]  # messages, response, advantage, add_eos
+class RawSample(NamedTuple):
+    messages: list[dict]
+    response: str
+    advantage: float
+    ended: bool  # generation ended (EOS or a stop): an EOS closes the response
+    token_ids: list[int] | None = None  # the sampled response ids, where recorded
+    logprobs: list[float] | None = None  # the engine's log-probs of token_ids
 
 
 def policy_samples(scored: Iterable[Scored]) -> Iterator[RawSample]:
     for traj in scored:
         for step in traj.steps:
             if step.keep:
-                yield step.prompt_messages, step.response, step.advantage, not step.truncated
+                yield RawSample(step.prompt_messages, step.response, step.advantage,
+                                not step.truncated, step.token_ids, step.logprobs)
 
 
 def rm_samples(scored: Iterable[Scored]) -> Iterator[RawSample]:
+    """Judge samples; an output cut at max_tokens (finish_reason "length") gets no EOS.
+    Records from before finish_reason was kept (None) count as ended, as they were."""
     for traj in scored:
         for step in traj.steps:
             for sample in step.judge:
                 if sample.keep and step.judge_messages:
-                    yield step.judge_messages, sample.text, sample.advantage, True
+                    yield RawSample(step.judge_messages, sample.text, sample.advantage,
+                                    sample.finish_reason != "length", sample.token_ids)
 
 
-def tokenize(tokenizer, raw: Iterable[RawSample], max_len: int) -> tuple[list[Sample], int]:
+def tokenize(tokenizer, raw: Iterable[RawSample | tuple], max_len: int
+             ) -> tuple[list[Sample], int]:
     """Token ids for each sample; over-long samples are dropped whole. Returns (kept, dropped)."""
     from rlany.chat import render
 
     eos = tokenizer.eos_token_id
+    ends = set(tokenizer.all_special_ids)  # sampled ids that already close the response
     kept, dropped = [], 0
-    for messages, response, advantage, add_eos in raw:
-        prompt = render(tokenizer, messages)
-        resp = tokenizer(response, add_special_tokens=False)["input_ids"]
-        if add_eos and eos is not None:
-            resp = resp + [eos]
+    for r in raw:
+        r = RawSample(*r)
+        prompt = render(tokenizer, r.messages)
+        if r.token_ids is not None:
+            resp = list(r.token_ids)
+            logprobs = list(r.logprobs) if r.logprobs and len(r.logprobs) == len(resp) else None
+        else:
+            resp, logprobs = tokenizer(r.response, add_special_tokens=False)["input_ids"], None
+        if r.ended and eos is not None and (not resp or resp[-1] not in ends):
+            resp, logprobs = resp + [eos], None  # no engine log-prob for an unsampled EOS
         if not resp or len(prompt) + len(resp) > max_len:
             dropped += 1
             continue
-        kept.append(Sample(prompt, resp, advantage))
+        kept.append(Sample(prompt, resp, r.advantage, logprobs, r.token_ids is not None))
     return kept, dropped
 
 
@@ -127,9 +132,12 @@ def plan_steps(samples: list[Sample], opts: TrainOptions, world: int) -> list[li
 
 
 def micro_batches(indices: list[int], samples: list[Sample], rank: int, world: int,
-                  micro: int) -> list[list[int]]:
-    """This process's slice of one optimizer step, sorted by length, cut into micro-batches."""
-    mine = sorted(indices[rank::world], key=lambda i: samples[i].length)
+                  micro: int) -> list[list[int | None]]:
+    """This process's slice of one optimizer step, sorted by length, cut into micro-batches.
+    Every process gets ceil(len(indices) / world) entries: a short slice is padded with
+    None (a row that must carry no loss), so all run the same number of micro-batches."""
+    mine: list[int | None] = sorted(indices[rank::world], key=lambda i: samples[i].length)
+    mine += [None] * (math.ceil(len(indices) / world) - len(mine))
     return [mine[i:i + micro] for i in range(0, len(mine), micro)]
 
 
@@ -156,12 +164,12 @@ def load_model(base: str, adapter: str | None, opts: TrainOptions):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlany.compat import enable_cpu_masked_gqa
+    from rlany.compat import enable_cpu_masked_gqa, resolve_dtype
     enable_cpu_masked_gqa()
 
     tokenizer = AutoTokenizer.from_pretrained(adapter if opts.full and adapter else base)
     model = AutoModelForCausalLM.from_pretrained(adapter if opts.full and adapter else base,
-                                                 dtype=getattr(torch, opts.dtype))
+                                                 dtype=getattr(torch, resolve_dtype(opts.dtype)))
     if opts.full:
         return model, tokenizer
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -184,140 +192,148 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
     import torch
     from accelerate import Accelerator
 
-    from rlany.losses import ppo_clip_loss, token_logprobs
+    from rlany import train_state as state
+    from rlany.losses import token_logprobs
 
     started = time.perf_counter()
     acc = Accelerator()
     torch.manual_seed(opts.seed)
-    rank, world = acc.process_index, acc.num_processes
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    steps = plan_steps(samples, opts, world)
+    steps = plan_steps(samples, opts, acc.num_processes)
+    source = old_logprobs_source(samples, getattr(opts, "old_logprobs", "auto"))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
     model, optimizer = acc.prepare(model, optimizer)
+    state.save_trainable_only(acc, model)
 
-    def forward_logp(batch):
+    def forward(batch: list[Sample]):
         ids, attn, resp, adv = (t.to(acc.device) for t in collate(batch, pad))
-        logits = model(input_ids=ids, attention_mask=attn).logits
-        return token_logprobs(logits, ids), resp, adv
+        return token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids), resp, adv
 
-    # log-probs of the pre-update policy, for this process's samples only (no grad). The
-    # first optimizer step runs on the pre-update weights, so its samples take theirs from
-    # that step's own forward (ratio exactly 1 there, as PPO's first minibatch has): one
-    # no-grad forward fewer per sample of step 1. A resumed run starts past step 1 with
-    # updated weights, so it computes them all here, before the saved weights are loaded.
     partial = output.with_name(output.name + ".partial")
-    resuming = (partial / "state.pt").exists()
-    first = set() if resuming or not steps else set(steps[0][rank::world])
-    mine = sorted({i for s in steps for i in s[rank::world]} - first)
-    old: dict[int, torch.Tensor] = {}
-    model.eval()
-    with torch.no_grad():
-        for b in range(0, len(mine), opts.micro_batch):
-            idx = mine[b:b + opts.micro_batch]
-            logp, resp, _ = forward_logp([samples[i] for i in idx])
-            for row, i in enumerate(idx):
-                old[i] = logp[row][resp[row]].cpu()
-
-    start_step = _resume(partial, model, optimizer, acc, meta)
-    if start_step and acc.is_main_process:
-        log({"event": "resume", "step": start_step})
+    start_step = state.saved_step(partial, meta)
+    if source == "generation":
+        old = {i: torch.tensor(s.old_logprobs, dtype=torch.float32)
+               for i, s in enumerate(samples)}
+    else:  # before the saved weights load: a resumed run's old policy is the initial one
+        model.eval()
+        old = _pre_update_logprobs(forward, samples, steps, acc, opts.micro_batch,
+                                   first_step_later=start_step == 0)
+    if start_step:
+        state.load_state(acc, partial, start_step)
+        if acc.is_main_process:
+            log({"event": "resume", "step": start_step})
     model.train()
-    summary = {"steps": len(steps), "samples": len(samples)}
+    summary = {"steps": len(steps), "samples": len(samples), "old_logprobs": source,
+               "samples_from_ids": sum(s.from_ids for s in samples),
+               "samples_retokenized": sum(not s.from_ids for s in samples)}
     for step in range(start_step, len(steps)):
         t0 = time.perf_counter()
-        group = steps[step]
-        batches = micro_batches(group, samples, rank, world, opts.micro_batch)
-        totals = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "tokens": 0}
-        for k, batch_idx in enumerate(batches):
-            batch = [samples[i] for i in batch_idx]
-            sync = k == len(batches) - 1
-            ctx = acc.no_sync(model) if not sync and world > 1 else nullcontext()
-            with ctx:
-                logp, resp, adv = forward_logp(batch)
-                for row, i in enumerate(batch_idx):
-                    if i not in old:  # a first-step sample: the current weights are the old
-                        old[i] = logp[row][resp[row]].detach().cpu()
-                old_logp = torch.zeros_like(logp)
-                for row, i in enumerate(batch_idx):
-                    old_logp[row][resp[row]] = old[i].to(logp.device, logp.dtype)
-                parts = ppo_clip_loss(logp, old_logp, old_logp, adv, resp,
-                                      clip_eps=opts.clip_eps, kl_beta=opts.kl_beta,
-                                      normalizer=math.ceil(len(group) / world))
-                acc.backward(parts.loss)
-            weight = len(batch) / len(group[rank::world])
-            totals["loss"] += parts.loss.item()
-            totals["pg"] += parts.pg * weight
-            totals["kl"] += parts.kl * weight
-            totals["clip_frac"] += parts.clip_frac * weight
-            totals["tokens"] += parts.tokens
-        grad_norm = acc.clip_grad_norm_(params, opts.max_grad_norm)
+        numbers = _optimizer_step(acc, model, params, forward, samples,
+                                  steps[step], old, opts)
+        if not math.isfinite(numbers["loss"]) or not math.isfinite(numbers["grad_norm"] or 0):
+            raise RlanyError(f"non-finite loss ({numbers['loss']}) or gradient norm "
+                             f"({numbers['grad_norm']}) at optimizer step {step + 1}",
+                             where=str(output), hint="lower --lr or train in float32; "
+                             "no checkpoint was written")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if world > 1:  # the step's numbers over all processes (loss: mean of the slices)
-            reduced = acc.reduce(torch.tensor([totals["loss"], totals["pg"], totals["kl"],
-                                               totals["clip_frac"]], device=acc.device), "mean")
-            totals.update(zip(("loss", "pg", "kl", "clip_frac"), reduced.tolist()))
-            totals["tokens"] = int(acc.reduce(torch.tensor(totals["tokens"], device=acc.device),
-                                              "sum").item())
         seconds = time.perf_counter() - t0
-        record = {"step": step + 1, "of": len(steps), **{k: round(v, 6) if isinstance(v, float)
-                                                         else v for k, v in totals.items()},
-                  "grad_norm": round(float(grad_norm), 6), "lr": opts.lr,
-                  "tokens_per_s": round(totals["tokens"] / seconds, 1),
+        record = {"step": step + 1, "of": len(steps),
+                  **{k: round(v, 6) if isinstance(v, float) else v for k, v in numbers.items()},
+                  "lr": opts.lr, "tokens_per_s": round(numbers["tokens"] / seconds, 1),
                   "seconds": round(seconds, 3)}
         if acc.is_main_process:
             log(record)
         summary.update({k: record[k] for k in ("loss", "kl", "clip_frac", "grad_norm")})
-        if (step + 1) % opts.save_every == 0 and step + 1 < len(steps) and acc.is_main_process:
-            _save_state(partial, model, optimizer, acc, step + 1, meta)
-    acc.wait_for_everyone()
+        if (step + 1) % opts.save_every == 0 and step + 1 < len(steps):
+            state.save_state(acc, partial, step + 1, meta)
     summary["seconds"] = round(time.perf_counter() - started, 1)
+    weights = acc.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the shards
     if acc.is_main_process:
-        _save_final(acc.unwrap_model(model), tokenizer, output, {**meta, "metrics": summary,
-                                                                 "options": asdict(opts)})
+        state.save_final(acc.unwrap_model(model), weights, tokenizer, output,
+                    {**meta, "metrics": summary, "options": asdict(opts)})
         shutil.rmtree(partial, ignore_errors=True)
+    acc.wait_for_everyone()
     return summary
 
 
-def _trainable(model, acc) -> dict:
-    return {n: p.detach().cpu() for n, p in acc.unwrap_model(model).named_parameters()
-            if p.requires_grad}
+def old_logprobs_source(samples: list[Sample], mode: str) -> str:
+    """"generation" or "recompute": where PPO's pre-update log-probs come from."""
+    if mode not in OLD_LOGPROBS:
+        raise RlanyError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}, not {mode!r}")
+    missing = sum(s.old_logprobs is None for s in samples)
+    if mode == "generation" and missing:
+        raise RlanyError(f"--old-logprobs generation, but {missing} of {len(samples)} samples "
+                         "carry no engine log-probs of their sampled tokens",
+                         hint="use --old-logprobs auto or recompute")
+    return "generation" if mode != "recompute" and not missing else "recompute"
 
 
-def _save_state(partial: Path, model, optimizer, acc, step: int, meta: dict) -> None:
+def _pre_update_logprobs(forward, samples: list[Sample], steps: list[list[int]], acc,
+                         micro: int, first_step_later: bool) -> dict:
+    """Log-probs of the pre-update policy for this process's samples (no grad, eval mode).
+    With `first_step_later`, the first optimizer step's samples are left out: that step's
+    own forward gives theirs. Every process runs the same number of forwards."""
     import torch
 
-    partial.mkdir(parents=True, exist_ok=True)
-    tmp = partial / "state.pt.tmp"
-    torch.save({"step": step, "data_sha256": meta.get("data_sha256"),
-                "params": _trainable(model, acc), "optimizer": optimizer.state_dict()}, tmp)
-    os.replace(tmp, partial / "state.pt")
+    world = acc.num_processes
 
+    def todo(rank: int) -> list[int]:
+        skip = set(steps[0][rank::world]) if first_step_later and steps else set()
+        mine = {i for s in steps for i in s[rank::world]} - skip
+        return sorted(mine, key=lambda i: samples[i].length)
 
-def _resume(partial: Path, model, optimizer, acc, meta: dict) -> int:
-    import torch
-
-    state_file = partial / "state.pt"
-    if not state_file.exists():
-        return 0
-    state = torch.load(state_file, map_location="cpu", weights_only=False)
-    if state.get("data_sha256") != meta.get("data_sha256"):
-        raise RlanyError("an interrupted training of other data is in the way",
-                         where=str(partial), hint="delete it to start over")
-    named = dict(acc.unwrap_model(model).named_parameters())
+    mine = todo(acc.process_index)
+    calls = max(math.ceil(len(todo(r)) / micro) for r in range(world))
+    shortest = min(samples, key=lambda s: s.length)
+    old = {}
     with torch.no_grad():
-        for name, value in state["params"].items():
-            named[name].copy_(value.to(named[name].device, named[name].dtype))
-    optimizer.load_state_dict(state["optimizer"])
-    return int(state["step"])
+        for b in range(calls):
+            idx = mine[b * micro:(b + 1) * micro]
+            logp, resp, _ = forward([samples[i] for i in idx] or [shortest])
+            for row, i in enumerate(idx):
+                old[i] = logp[row][resp[row]].cpu()
+    return old
 
 
-def _save_final(model, tokenizer, output: Path, meta: dict) -> None:
-    tmp = output.with_name(output.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    if not hasattr(model, "peft_config"):  # a full model directory needs its tokenizer
-        tokenizer.save_pretrained(tmp)
-    (tmp / "rlany.json").write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, output)
+def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: list[int],
+                    old: dict, opts: TrainOptions) -> dict:
+    """Forward and backward over this process's micro-batches of one optimizer step, then
+    the gradient clip. Returns the step's numbers over all processes (the caller steps)."""
+    import torch
+
+    from rlany.losses import ppo_clip_loss
+
+    world = acc.num_processes
+    batches = micro_batches(group, samples, acc.process_index, world, opts.micro_batch)
+    shortest = min(group, key=lambda i: samples[i].length)
+    sums = torch.zeros(5, dtype=torch.float64)  # objective, pg, kl, clipped, tokens
+    for k, idx in enumerate(batches):
+        last = k == len(batches) - 1
+        acc.sync_gradients = last  # DeepSpeed steps its engine at the boundary only
+        with nullcontext() if last else acc.no_sync(model):
+            logp, resp, adv = forward([samples[shortest if i is None else i] for i in idx])
+            real = torch.tensor([i is not None for i in idx], device=resp.device)
+            resp = resp & real[:, None]  # (B, T-1): padding rows have no response token
+            old_logp = torch.zeros_like(logp)  # (B, T-1)
+            for row, i in enumerate(idx):
+                if i is None:
+                    continue
+                if i not in old:  # a first-step sample: the current weights are the old
+                    old[i] = logp[row][resp[row]].detach().cpu()
+                old_logp[row][resp[row]] = old[i].to(logp.device, logp.dtype)
+            parts = ppo_clip_loss(logp, old_logp, old_logp, adv, resp, clip_eps=opts.clip_eps,
+                                  kl_beta=opts.kl_beta, normalizer=len(group) / world)
+            acc.backward(parts.loss)
+        sums += torch.tensor([parts.objective, parts.pg, parts.kl, parts.clipped,
+                              parts.tokens], dtype=torch.float64)
+    grad_norm = acc.clip_grad_norm_(params, opts.max_grad_norm)  # None under DeepSpeed
+    if world > 1:
+        sums = acc.reduce(sums.to(acc.device), "sum").cpu()
+    objective, pg, kl, clipped, tokens = sums.tolist()
+    n = len(group)
+    return {"loss": objective / n, "pg": pg / n, "kl": kl / n,
+            "clip_frac": clipped / max(tokens, 1), "tokens": int(tokens),
+            "grad_norm": None if grad_norm is None else float(grad_norm)}
+

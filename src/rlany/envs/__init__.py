@@ -7,6 +7,15 @@ valid for the next response); `rollout --constrain-actions` then decodes each re
 exactly one of them. `describe(task)` is the text a task rewriter sees; `validate(spec)`
 lists what is wrong with a (possibly rewritten) spec, empty when it is well-formed and
 solvable in principle.
+An env may offer `edits(spec, direction) -> list[Edit]` ("harder" | "easier"): a short list
+(at most 8, order stable for a given spec) of small rewrites, each one short line a small
+model can read ("goal object: apple -> mug") and the whole new spec, which passes
+`validate`. `adapt-tasks` picks among them at small scale (DESIGN §4); `offered_edits`
+calls it and gives [] for an env without it.
+An env with an expert labels each step in `StepResult.info["label"]`: +1 when the action
+lies on a shortest plan to the goal from the state it was taken in, -1 otherwise (an
+unparseable response too); absent = unlabelled. `rlany eval --judge` scores the judge's
+verdicts against these labels.
 A module may also offer `make_tasks(n, seed, **knobs) -> list[Task]`.
 
 Image observations (GUI agents, e.g. OSWorld-like): `reset` may return an `Observation`
@@ -48,6 +57,16 @@ class StepResult:
     images: tuple[str, ...] = ()  # image file paths of the next observation
 
 
+@dataclass(frozen=True)
+class Edit:
+    """One env-provided rewrite of a task (`Environment.edits`)."""
+    description: str  # one short line, e.g. "goal object: apple -> mug"
+    spec: dict  # the whole new spec; passes the env's validate(spec)
+
+
+DIRECTIONS = ("harder", "easier")
+
+
 def split_obs(obs: str | Observation) -> tuple[str, list[str]]:
     if isinstance(obs, Observation):
         return obs.text, [str(p) for p in obs.images]
@@ -64,6 +83,9 @@ class Environment(Protocol):
     def describe(self, task: Task) -> str: ...
 
     def validate(self, spec: dict) -> list[str]: ...
+
+    # optional: def choices(self) -> list[str]
+    # optional: def edits(self, spec: dict, direction: str) -> list[Edit]
 
 
 # name -> "module:attribute" of a class/factory taking no arguments
@@ -103,6 +125,14 @@ def factory(name: str) -> Callable[[], Environment]:
 
 def make_env(name: str) -> Environment:
     return factory(name)()
+
+
+def offered_edits(env: Environment, spec: dict, direction: str) -> list[Edit]:
+    """The env's edits of `spec` in `direction` ("harder" | "easier"); [] if it has none."""
+    if direction not in DIRECTIONS:
+        raise RlanyError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
+    method = getattr(env, "edits", None)
+    return list(method(spec, direction)) if callable(method) else []
 
 
 def parse_action(response: str, admissible: list[str]) -> tuple[str | None, dict]:

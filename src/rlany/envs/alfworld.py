@@ -13,6 +13,14 @@ episode succeeds when the game is won; it ends when it is won or lost or at `max
 Score announcements and the end-of-game banner are cut from what the agent (and the
 judge) sees, so the last observation does not reveal the outcome.
 
+Step labels (info["label"]) come from the game's own expert: TextWorld re-plans its
+walkthrough (`policy_commands`) after every command (a quest dependency tree for TextWorld
+games, the PDDL planner for ALFWorld's). A step is +1 when it wins the game or makes that
+walkthrough shorter (progress toward winning), -1 when it does not (a detour, a no-op, a
+command that makes the game unwinnable) and for an unparseable response. Games without a
+walkthrough leave parsed steps unlabelled. `edits(spec, direction)` only moves the step
+limit (harder: less slack over the walkthrough's length; easier: more).
+
 Tasks: `rlany envs make-tasks alfworld --n 8 --seed 0` compiles that many TextWorld games
 offline (knobs: rooms, objects, quest_length, game_dir), so it needs only
 `pip install textworld`. `--knob games=DIR` instead makes one task per game already on
@@ -27,7 +35,7 @@ import re
 import warnings
 from pathlib import Path
 
-from rlany.envs import StepResult, parse_action
+from rlany.envs import Edit, StepResult, parse_action
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -87,6 +95,7 @@ class AlfworldEnv:
         self.spec = task.spec
         self.game, state = _start(task.spec["game_file"])
         self.admissible = _commands(state)
+        self.policy = list(state.get("policy_commands") or [])  # the expert's plan from here
         self.steps = 0
         goal = state.get("objective") or ""
         hint = f"\nHint: {task.spec['hint']}" if task.spec.get("hint") else ""
@@ -99,11 +108,16 @@ class AlfworldEnv:
         won = lost = False
         if action is None:
             feedback = "Nothing happens."
+            info = {**info, "label": -1}
         else:
             state, _, _ = self.game.step(action)
             feedback = clean_feedback(state.feedback) or "Nothing happens."
             won, lost = bool(state.get("won")), bool(state.get("lost"))
             self.admissible = _commands(state)
+            before, self.policy = self.policy, list(state.get("policy_commands") or [])
+            if before or won:  # labelled where the game has an expert
+                progress = won or (not lost and 0 < len(self.policy) < len(before))
+                info = {**info, "label": 1 if progress else -1}
         done = won or lost or self.steps >= int(self.spec.get("max_steps", DEFAULT_MAX_STEPS))
         if done:
             self.close()
@@ -128,6 +142,23 @@ class AlfworldEnv:
         return (f"A TextWorld game ({Path(spec['game_file']).name}); "
                 f"{spec.get('objective', 'goal stated in the game')}. Step limit: "
                 f"{spec.get('max_steps', DEFAULT_MAX_STEPS)}.{hint} Editable: max_steps, hint.")
+
+    def edits(self, spec: dict, direction: str) -> list[Edit]:
+        """Step-limit edits only: the walkthrough's length bounds how far it may go down."""
+        if direction not in ("harder", "easier"):
+            raise ValueError(f"direction must be harder or easier, got {direction!r}")
+        if self.validate(spec, check_solvable=False):
+            return []
+        game_env, state = _start(spec["game_file"])
+        game_env.close()
+        need, limit = len(state.get("policy_commands") or []), int(spec.get("max_steps",
+                                                                             DEFAULT_MAX_STEPS))
+        if not need:
+            return []
+        new = max(need, limit - max(1, (limit - need) // 2)) if direction == "harder" else \
+            limit + max(2, limit // 4)
+        edit = Edit(description=f"step limit: {limit} -> {new}", spec={**spec, "max_steps": new})
+        return [edit] if new != limit and not self.validate(edit.spec) else []
 
     def validate(self, spec: dict, check_solvable: bool = True) -> list[str]:
         if not isinstance(spec, dict):

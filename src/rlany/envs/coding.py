@@ -10,7 +10,15 @@ The policy answers in one turn with a Python program (the last ```python block, 
 last ``` block, else the whole answer). All tests run in one sandboxed process where safe
 (`rlany.sandbox.run_tests`); the episode succeeds when every test's output matches
 token-wise. The final observation does not reveal the verdict; the step info counts the
-passed tests and the sandbox statuses.
+passed tests and the sandbox statuses. Single-step: no step labels (the outcome labels the
+one step).
+
+`edits(spec, direction)` (needs `solution`): harder = one example fewer shown, the upper
+bound of a stated range "(A <= n <= B)" raised with a test at the new bound, or a test at a
+stated bound the tests miss; easier = one example more shown, a hidden test dropped, or the
+upper bound lowered (tests above it dropped). Bound edits apply when every test input is
+one integer; the expected outputs of added tests come from the reference solution run in
+the sandbox, and every edit passes `validate`.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 import random
 import re
 
-from rlany.envs import StepResult
+from rlany.envs import Edit, StepResult
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -26,6 +34,7 @@ PROMPT = ("Write a Python 3 program that reads the input from standard input and
           "answer to standard output. Put the whole program in one ```python code block.")
 
 _BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_RANGE = re.compile(r"\((-?\d+)\s*<=\s*([A-Za-z_]\w*)\s*<=\s*(-?\d+)\)")
 
 
 def extract_code(response: str) -> str:
@@ -69,6 +78,30 @@ class CodingEnv:
         return (f"Problem: {task.spec['question']}\nTests: {len(task.spec['tests'])} "
                 f"(the first {task.spec.get('examples', 1)} shown to the agent)")
 
+    def edits(self, spec: dict, direction: str) -> list[Edit]:
+        """Harder/easier rewrites: examples shown, hidden tests, a stated input bound."""
+        if direction not in ("harder", "easier"):
+            raise ValueError(f"direction must be harder or easier, got {direction!r}")
+        if self.validate(spec):
+            return []
+        tests, shown = spec["tests"], spec.get("examples", 1)
+        out: list[tuple[str, dict]] = []
+        if direction == "harder" and shown >= 1:
+            out.append((f"examples shown: {shown} -> {shown - 1}", {"examples": shown - 1}))
+        if direction == "easier":
+            if shown < len(tests):
+                out.append((f"examples shown: {shown} -> {shown + 1}", {"examples": shown + 1}))
+            for k in range(len(tests) - 1, max(shown, 1) - 1, -1)[:2]:
+                out.append((f"drop hidden test {k + 1} (input {tests[k]['input'][:30]!r})",
+                            {"tests": tests[:k] + tests[k + 1:]}))
+        out += _bound_edits(spec, direction)
+        edits = []
+        for text, change in out:
+            new = {**spec, **change}
+            if new != spec and not self.validate(new):
+                edits.append(Edit(description=text, spec=new))
+        return edits[:8]
+
     def validate(self, spec: dict, check_solution: bool = True) -> list[str]:
         if not isinstance(spec, dict):
             return ["spec must be an object"]
@@ -90,6 +123,47 @@ class CodingEnv:
         bad = [k for k, (r, t) in enumerate(zip(results, tests))
                if r.status != "ok" or not outputs_match(r.stdout, t["output"])]
         return [f"the reference solution fails tests {bad}"] if bad else []
+
+
+def _bound_edits(spec: dict, direction: str) -> list[tuple[str, dict]]:
+    """Edits of the one stated range "(A <= n <= B)" of a problem whose inputs are integers."""
+    found = _RANGE.findall(spec["question"])
+    tests = spec["tests"]
+    if len(found) != 1 or not all(re.fullmatch(r"\s*-?\d+\s*", t["input"]) for t in tests):
+        return []
+    low, name, high = int(found[0][0]), found[0][1], int(found[0][2])
+    values = [int(t["input"]) for t in tests]
+    old = f"({low} <= {name} <= {high})"
+    if not low <= min(values) <= max(values) <= high or old not in spec["question"]:
+        return []
+    out: list[tuple[str, dict]] = []
+    if direction == "harder":
+        new_high = high + max(1, abs(high))
+        added = _solved(spec, [str(new_high)] + [str(v) for v in (low, high) if v not in values])
+        if added and added[0]["input"] == str(new_high):
+            question = spec["question"].replace(old, f"({low} <= {name} <= {new_high})")
+            out.append((f"bound: {name} <= {high} -> {name} <= {new_high}",
+                        {"question": question, "tests": tests + added[:1]}))
+        for test in (t for t in added if t["input"] != str(new_high)):
+            out.append((f"add edge-case test: {name} = {test['input']}", {"tests": tests + [test]}))
+    else:
+        new_high = low + (high - low) // 2
+        kept = [t for t, v in zip(tests, values) if v <= new_high]
+        if kept and new_high < high:
+            question = spec["question"].replace(old, f"({low} <= {name} <= {new_high})")
+            out.append((f"bound: {name} <= {high} -> {name} <= {new_high}",
+                        {"question": question, "tests": kept,
+                         "examples": min(spec.get("examples", 1), len(kept))}))
+    return out
+
+
+def _solved(spec: dict, inputs: list[str]) -> list[dict]:
+    """Tests for `inputs` whose expected output is the reference solution's (sandboxed)."""
+    from rlany.sandbox import Limits, run_tests
+
+    results = run_tests(spec["solution"], inputs, Limits(cpu_s=float(spec.get("time_limit", 2))))
+    return [{"input": i, "output": r.stdout.strip()} for i, r in zip(inputs, results)
+            if r.status == "ok" and r.stdout.strip()]
 
 
 def _t(i: str, o: str) -> dict:

@@ -22,9 +22,17 @@ line is matched: an unambiguous prefix of one action, else the nearest admissibl
 action by rapidfuzz ratio (cutoff 80); the
 match and its score are recorded in the step info. Anything else: "Nothing happens."
 
+Step labels: every step's info has "label": +1 when the action lies on a shortest plan to
+the goal from the state it was taken in (d(s') = d(s) - 1, d from the exact search in
+`household_plan`), else -1 (detours, no-ops, unparseable responses). `rlany eval --judge`
+measures the judge against them.
+
 The spec is JSON a rewriter can edit (goal kind, object and target types, hint, layout,
-max_steps); `validate` checks it is well-formed and solvable by running the scripted
-expert (`expert_actions`) through the environment itself.
+max_steps); `validate` checks it is well-formed, not already solved and solvable within
+max_steps by running a shortest plan (`expert_actions`) through the environment itself.
+`edits(spec, direction)` offers up to 8 small rewrites ("goal object: apple -> mug", "close
+drawer 1", "add room bedroom", ...) whose shortest plan is longer (harder) or shorter
+(easier), or equal on a larger (smaller) world; see `household_edits`.
 """
 
 from __future__ import annotations
@@ -76,7 +84,7 @@ class HouseholdEnv:
         self.spec: dict = {}
 
     # -- protocol ----------------------------------------------------------------------
-    def reset(self, task: Task) -> str:
+    def reset(self, task: Task, label: bool = True) -> str:
         problems = self.validate(task.spec, check_solvable=False)
         if problems:
             raise RlanyError(f"bad household spec: {'; '.join(problems)}")
@@ -90,6 +98,8 @@ class HouseholdEnv:
         self.states: dict[str, set[str]] = {}
         self.lamp_used_with: str | None = None
         self.steps = 0
+        self.label = label
+        self.dist = self._distance() if label else None  # d(s): steps left on a shortest plan
         return self._observe(f"You are in the {self.room}. Your task is to: "
                              f"{goal_text(task.spec['goal'])}")
 
@@ -99,6 +109,10 @@ class HouseholdEnv:
         action, info = parse_action(response, admissible)
         feedback = self._apply(action) if action else "Nothing happens."
         success = self._goal_met()
+        if self.label:  # on a shortest plan to the goal: d(s') = d(s) - 1
+            before, self.dist = self.dist, 0 if success else self._distance()
+            good = before is not None and self.dist is not None and self.dist == before - 1
+            info = {**info, "label": 1 if good else -1}
         done = success or self.steps >= self.spec.get("max_steps", 20)
         obs = feedback if done else self._observe(feedback)
         return StepResult(obs=obs, done=done, success=success, action=action, info=info)
@@ -117,12 +131,13 @@ class HouseholdEnv:
         problems = _check_shape(spec)
         if problems or not check_solvable:
             return problems
-        env = HouseholdEnv()
-        task = Task(task_id="validate", env="household", spec=spec, prompt="")
-        env.reset(task)
         plan = expert_actions(spec)
         if plan is None:
             return ["no plan reaches the goal (missing objects, target or appliance)"]
+        if not plan:
+            return ["the goal already holds at the start"]
+        env = HouseholdEnv()
+        env.reset(Task(task_id="validate", env="household", spec=spec, prompt=""), label=False)
         for action in plan:
             result = env.step(action)
             if result.done:
@@ -132,6 +147,17 @@ class HouseholdEnv:
 
     def choices(self) -> list[str]:
         return self.admissible()
+
+    def edits(self, spec: dict, direction: str) -> list:
+        """Small rewrites of a valid spec that make it harder or easier (`household_edits`)."""
+        from rlany.envs.household_edits import edits
+
+        return edits(spec, direction)
+
+    def _distance(self) -> int | None:
+        from rlany.envs.household_plan import distance
+
+        return distance(self)
 
     # -- mechanics ---------------------------------------------------------------------
     def _recs(self) -> dict:
@@ -278,58 +304,12 @@ def _check_shape(spec: dict) -> list[str]:
 
 
 def expert_actions(spec: dict) -> list[str] | None:
-    """A scripted expert: fetch the needed objects, process them, deliver them."""
-    goal = spec["goal"]
-    kind = goal["kind"]
-    where = {}  # receptacle name -> (room, receptacle dict)
-    for room, recs in spec["rooms"].items():
-        for r in recs:
-            where[r["name"]] = (room, r)
-    objs = [(o, name) for name, (_, r) in where.items() for o in r.get("contents", [])
-            if _type(o) == goal["object"]]
-    need = 2 if kind == "pick_two" else 1
-    if len(objs) < need:
-        return None
-    plan: list[str] = []
-    room = spec["start_room"]
-    opened: set[str] = set()
+    """A shortest plan from the start (`household_plan`: exact search); None: no plan."""
+    from rlany.envs.household_plan import shortest_plan
 
-    def visit(name: str) -> None:
-        nonlocal room
-        target_room = where[name][0]
-        if target_room != room:
-            plan.append(f"go to {target_room}")
-            room = target_room
-        plan.append(f"go to {name}")
-        if where[name][1].get("closed") and name not in opened:
-            plan.append(f"open {name}")
-            opened.add(name)
-
-    appliance = APPLIANCE.get(kind)
-    app_name = next((n for n, (_, r) in where.items() if r["type"] == appliance), None)
-    if appliance and app_name is None:
-        return None
-    target = None
-    if kind not in ("pick", "look_at_in_light"):
-        target = next((n for n, (_, r) in where.items() if r["type"] == goal["target"]), None)
-        if target is None:
-            return None
-    for obj, src in objs[:need]:
-        visit(src)
-        plan.append(f"take {obj} from {src}")
-        if kind == "pick":
-            return plan
-        if kind == "look_at_in_light":
-            visit(app_name)
-            plan.append(f"use {app_name}")
-            return plan
-        if appliance:
-            visit(app_name)
-            verb = {"sinkbasin": "clean", "microwave": "heat", "fridge": "cool"}[appliance]
-            plan.append(f"{verb} {obj} with {app_name}")
-        visit(target)
-        plan.append(f"put {obj} in/on {target}")
-    return plan
+    env = HouseholdEnv()
+    env.reset(Task(task_id="expert", env="household", spec=spec, prompt=""), label=False)
+    return shortest_plan(env)
 
 
 def make_tasks(n: int, seed: int, rooms: int = 1, receptacles: int = 4, distractors: int = 2,

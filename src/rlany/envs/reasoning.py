@@ -9,14 +9,22 @@ the judge whether the answer was right.
 `make_tasks` knobs: `digits` (operand size, 1 = single digits), `terms` (how many operands),
 `ops` (a string of + - *). A 135M model needs easy problems to start with: defaults are two
 one-digit operands, which SmolLM2-135M solves sometimes but not always.
+
+`edits(spec, direction)` rewrites a flat arithmetic question ("What is 3 + 4?"): harder =
+one more digit per operand, one more term, or an operator + or - made *; easier = the
+reverse (fewer digits, the last term dropped, * or - made +). New operands are drawn from a
+generator seeded by the question, so the edits of a spec are always the same; the answer is
+recomputed. Other questions get no edits. Single-step: no step labels (the outcome labels
+the one step).
 """
 
 from __future__ import annotations
 
 import random
 import re
+import zlib
 
-from rlany.envs import StepResult
+from rlany.envs import Edit, StepResult
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -94,6 +102,54 @@ class ReasoningEnv:
 
     def describe(self, task: Task) -> str:
         return f"Question: {task.spec['question']}\nAnswer: {task.spec['answer']}"
+
+    def edits(self, spec: dict, direction: str) -> list[Edit]:
+        """Harder/easier rewrites of a flat arithmetic question (digits, terms, operators)."""
+        m = re.fullmatch(r"\s*What is ([0-9+\-* ]+)\?\s*", str(spec.get("question", "")))
+        tokens = m.group(1).split() if m else []
+        malformed = any(not t.isdigit() for t in tokens[::2]) or any(
+            op not in "+-*" for op in tokens[1::2])
+        if len(tokens) < 3 or len(tokens) % 2 == 0 or self.validate(spec) or malformed:
+            return []
+        nums, ops = [int(t) for t in tokens[::2]], tokens[1::2]
+        digits = max(len(str(x)) for x in nums)
+        rng = random.Random(zlib.crc32(spec["question"].encode()))
+
+        def draw(k: int) -> int:  # a k-digit operand, as make_tasks draws them
+            return rng.randint(0 if k == 1 else 10 ** (k - 1), 10 ** k - 1)
+
+        out: list[tuple[str, list[int], list[str]]] = []
+        if direction == "harder":
+            if digits < 6:
+                out.append((f"digits: {digits} -> {digits + 1}",
+                            [draw(digits + 1) for _ in nums], ops))
+            if len(nums) < 6:
+                op = ops[-1] if ops[-1] != "*" else "+"
+                out.append((f"terms: {len(nums)} -> {len(nums) + 1}", nums + [draw(digits)],
+                            ops + [op]))
+            for k, op in enumerate(ops):
+                if op != "*":
+                    out.append((f"operator: {op} -> *", nums, ops[:k] + ["*"] + ops[k + 1:]))
+                    break
+        elif direction == "easier":
+            if digits > 1:
+                out.append((f"digits: {digits} -> {digits - 1}",
+                            [draw(digits - 1) for _ in nums], ops))
+            if len(nums) > 2:
+                out.append((f"terms: {len(nums)} -> {len(nums) - 1}", nums[:-1], ops[:-1]))
+            for old in ("*", "-"):
+                if old in ops:
+                    k = ops.index(old)
+                    out.append((f"operator: {old} -> +", nums, ops[:k] + ["+"] + ops[k + 1:]))
+        else:
+            raise ValueError(f"direction must be harder or easier, got {direction!r}")
+        edits = []
+        for text, new_nums, new_ops in out:
+            expr = " ".join(f"{x} {op}" for x, op in zip(new_nums, new_ops)) + f" {new_nums[-1]}"
+            new = {"question": f"What is {expr}?", "answer": str(_arith(expr))}
+            if new != spec and not self.validate(new):
+                edits.append(Edit(description=text, spec=new))
+        return edits
 
     def validate(self, spec: dict) -> list[str]:
         """Well-formed, and for arithmetic questions ("What is EXPR?") the answer is right."""

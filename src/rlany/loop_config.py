@@ -1,0 +1,154 @@
+"""The loop's config: a flat TOML file, top-level run keys plus one table per stage whose
+keys are that stage's flags. Every value goes through the stage's own options class, so
+defaults and validation are the CLI's; the whole config is checked before anything runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlany.errors import RlanyError
+
+# the loop's own top-level keys; the run keys (model, engine, seed, ...) come from the
+# stages' options classes (scope "run")
+LOOP_KEYS: dict[str, type] = {
+    "name": str, "runs_dir": str, "iterations": int, "tasks": str, "eval_tasks": str,
+    "keep_last": int, "eval_every": int, "step_feedback": bool, "rm_training": bool,
+    "env_adaptation": bool,
+}
+# the judge settings [eval] inherits from [judge] (eval key <- judge key)
+EVAL_FROM_JUDGE = {"m": "m", "judge_max_tokens": "max_tokens",
+                   "judge_temperature": "temperature", "history_steps": "history_steps",
+                   "judge_mode": "mode", "verdict": "verdict"}
+
+
+def _tables() -> dict[str, tuple[str, type, str]]:
+    """config table -> (command, options class, module with `run`)."""
+    from rlany.adapt import AdaptOptions
+    from rlany.evaluate import EvalOptions
+    from rlany.judge import JudgeOptions
+    from rlany.rollout import RolloutOptions
+    from rlany.score import ScoreOptions
+    from rlany.train_stage import TrainOptions, TrainRmOptions
+
+    return {"rollout": ("rollout", RolloutOptions, "rollout"),
+            "judge": ("judge", JudgeOptions, "judge"),
+            "score": ("score", ScoreOptions, "score"),
+            "train_policy": ("train-policy", TrainOptions, "train_stage"),
+            "train_rm": ("train-rm", TrainRmOptions, "train_stage"),
+            "adapt_tasks": ("adapt-tasks", AdaptOptions, "adapt"),
+            "eval": ("eval", EvalOptions, "evaluate")}
+
+
+def _run_keys() -> dict[str, Any]:
+    """Run-scope fields of every stage: key -> type (they agree across stages)."""
+    from rlany.options import specs
+
+    keys: dict[str, Any] = {}
+    for _, cls, _ in _tables().values():
+        for key, (hint, _, spec) in specs(cls).items():
+            if spec.scope == "run":
+                keys.setdefault(key, hint)
+    return keys
+
+
+@dataclass
+class LoopConfig:
+    name: str
+    tasks: str
+    iterations: int = 3
+    runs_dir: str = "runs"
+    eval_tasks: str | None = None
+    keep_last: int = 2
+    eval_every: int = 1
+    step_feedback: bool = True
+    rm_training: bool = True
+    env_adaptation: bool = True
+    run: dict[str, Any] = field(default_factory=dict)  # model, engine, seed, ... as given
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)  # [stage] key -> value
+    path: str = "loop.toml"
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.name
+
+    def options(self, table: str, **io: Any) -> Any:
+        """The options object of one stage: run keys + its table + what the loop sets."""
+        from rlany.options import from_table, specs
+
+        _, cls, _ = _tables()[table]
+        fields = specs(cls)
+        run = {k: v for k, v in self.run.items() if k in fields and fields[k][2].scope == "run"}
+        return from_table(cls, self.tables.get(table, {}), self.path, table, **run, **io)
+
+
+def load_config(path: str, overrides: dict[str, Any] | None = None) -> LoopConfig:
+    """Read and check a whole config (every stage's options are built once with placeholder
+    paths), so a bad value fails here with one line, before anything runs."""
+    from rlany.options import typed
+
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise RlanyError(f"cannot read config: {e.strerror}", where=path) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise RlanyError(f"invalid TOML: {e}", where=path) from None
+    overrides = overrides or {}
+    raw.update(overrides)
+    tables, run_keys = _tables(), _run_keys()
+    top: dict[str, Any] = {}
+    run: dict[str, Any] = {}
+    sections: dict[str, dict] = {}
+    for key, value in raw.items():
+        if key in tables:
+            if not isinstance(value, dict):
+                raise RlanyError(f"[{key}] must be a table", where=path)
+            sections[key] = dict(value)
+        elif key in LOOP_KEYS:
+            top[key] = typed(key, value, LOOP_KEYS[key], path)
+        elif key in run_keys:
+            run[key] = typed(key, value, run_keys[key], path)
+        else:
+            raise RlanyError(f"unknown key '{key}'", where=path,
+                             hint=f"top-level keys: {', '.join([*LOOP_KEYS, *run_keys])}; "
+                             f"tables: {', '.join(tables)}")
+    for required in ("name", "tasks"):
+        if required not in top:
+            raise RlanyError(f"missing '{required}'", where=path)
+    for key in ("iterations", "keep_last", "eval_every"):
+        if top.get(key, 1) < 1:
+            raise RlanyError(f"'{key}' must be >= 1, got {top[key]}", where=path)
+    cfg = LoopConfig(**top, run=run, tables=sections, path=path)
+    _resolve(cfg, overrides)
+    for table in tables:  # every stage's options, checked before anything runs
+        cfg.options(table, **_placeholders(tables[table][1]))
+    return cfg
+
+
+def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:
+    """The values the loop derives from the config, written into it so that the printed
+    commands carry them: lambda from step_feedback, eval's judge settings, the LoRA rank."""
+    score = cfg.tables.setdefault("score", {})
+    if not cfg.step_feedback:
+        if score.get("lam", 0.0) != 0.0 and overrides.get("step_feedback") is not False:
+            raise RlanyError("step_feedback = false means lambda = 0, but [score] lam is set",
+                             where=cfg.path, hint="remove one of them")
+        score["lam"] = 0.0  # --no-step-feedback on the command line is the ablation: it wins
+    judge, evaluation = cfg.tables.get("judge", {}), cfg.tables.setdefault("eval", {})
+    for eval_key, judge_key in EVAL_FROM_JUDGE.items():
+        if judge_key in judge and eval_key not in evaluation:
+            evaluation[eval_key] = judge[judge_key]
+    if "max_lora_rank" not in cfg.run:
+        # vLLM pads every adapter to max_lora_rank: serve exactly the largest rank trained
+        from rlany.train_stage import TrainOptions
+        cfg.run["max_lora_rank"] = max(
+            cfg.tables.get(t, {}).get("lora_r", TrainOptions.lora_r)
+            for t in ("train_policy", "train_rm"))
+
+
+def _placeholders(cls: type) -> dict[str, str]:
+    return {f.name: "-" for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}

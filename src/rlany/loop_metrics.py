@@ -1,0 +1,51 @@
+"""The numbers of one finished loop iteration, read back from its sidecars (so they are
+right after a resume too): `done.json` and `metrics.jsonl` are built from these."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def collect_metrics(d: Path) -> dict:
+    """The numbers of one finished iteration directory, read back from its sidecars."""
+    def meta(name: str) -> dict:
+        p = d / name
+        return json.loads(p.read_text()).get("counts", {}) if p.exists() else {}
+
+    def ckpt(kind: str) -> dict:
+        p = d / kind / "rlany.json"
+        return json.loads(p.read_text()).get("metrics", {}) if p.exists() else {}
+
+    score, judge, adapt = meta("scored.meta.json"), meta("judgments.meta.json"), \
+        meta("next_tasks.meta.json")
+    evaluation = json.loads((d / "eval.json").read_text()) if (d / "eval.json").exists() else {}
+
+    def seconds(name: str) -> float | None:  # from the sidecars: right after a resume too
+        p = d / name
+        return json.loads(p.read_text()).get("wall_time_s") if p.exists() else None
+
+    stage_seconds = {"rollout": seconds("trajectories.meta.json"),
+                     "judge": seconds("judgments.meta.json"),
+                     "score": seconds("scored.meta.json"),
+                     "train_policy": ckpt("policy").get("seconds"),
+                     "train_rm": ckpt("rm").get("seconds"),
+                     "adapt": seconds("next_tasks.meta.json"),
+                     "eval": seconds("eval.meta.json")}
+    return {
+        "seconds": {k: round(v, 1) for k, v in stage_seconds.items() if v is not None},
+        "train_acc": score.get("mean_acc"),
+        "policy_samples": score.get("policy_samples"),
+        "rm_samples": score.get("rm_samples"),
+        "judge_parse_fail_rate": judge.get("parse_fail_rate"),
+        "judge_outcome_agreement": score.get("judge_outcome_agreement"),
+        "accepted_tasks": adapt.get("accepted"),
+        "new_candidates": adapt.get("candidates"),
+        "policy_loss": ckpt("policy").get("loss"),
+        "policy_kl": ckpt("policy").get("kl"),
+        "rm_loss": ckpt("rm").get("loss"),
+        "eval_success": evaluation.get("success_rate"),
+        "eval_pass": {k: v for k, v in evaluation.items() if k.startswith("pass@")},
+        "eval_judge_step_accuracy": evaluation.get("judge_step_accuracy"),
+        "eval_judge_parse_fail_rate": evaluation.get("judge_parse_fail_rate"),
+    }

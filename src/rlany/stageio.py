@@ -1,0 +1,109 @@
+"""File plumbing shared by the stage drivers: inputs checked and read once, the engine
+started from a stage's options, and the sidecar helpers. The stage modules hold the logic;
+this module holds no math and no stage-specific rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from rlany.console import info
+from rlany.errors import RlanyError
+from rlany.jsonl import JsonlReader
+
+GEN_VERSIONS = ("vllm", "torch", "transformers")
+
+
+def prepare_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]
+                  ) -> dict[str, str | None]:
+    """Refuse outputs that name an input (or each other), then spool `-`, FIFOs and process
+    substitutions once into temp files. Returns the readable path of each input."""
+    from rlany import jsonl
+
+    jsonl.check_paths(inputs, outputs)
+    return {k: (jsonl.spool_input(v)[0] if v else v) for k, v in inputs.items()}
+
+
+def begin_generation(opts: Any, outputs: dict[str, str | None], engine: Any = None,
+                     adapters: dict[str, str | None] | None = None):
+    """(tasks, reader, engine) for a stage that generates from `opts.input`: adapters and
+    paths checked and tasks read (bad input fails before an engine starts), then the
+    engine started unless one is given (the loop passes its own)."""
+    for flag, adapter in {"--adapter": opts.adapter, **(adapters or {})}.items():
+        check_adapter(adapter, flag)
+    paths = prepare_paths({"--input": opts.input}, outputs)
+    tasks, reader = read_tasks(paths["--input"], name=opts.input)
+    return tasks, reader, engine or start_engine(opts)
+
+
+def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = None):
+    """All tasks of a file (a task pool is small), with env names and unique ids checked.
+    `allow_empty` for candidate files: an iteration may propose no candidate at all."""
+    from rlany import envs
+    from rlany.records import Task
+
+    reader = JsonlReader(path, Task, "tasks", allow_empty=allow_empty, name=name)
+    tasks, seen = [], set()
+    known = envs.names()
+    for where, task in reader:
+        if task.env not in known:
+            raise RlanyError(f"unknown environment '{task.env}'", where=where,
+                             hint=f"known: {', '.join(known)}")
+        if task.task_id in seen:
+            raise RlanyError(f"duplicate task_id '{task.task_id}'", where=where)
+        seen.add(task.task_id)
+        tasks.append(task)
+    return tasks, reader
+
+
+def read_stats(path: str | Path, name: str | None = None) -> dict:
+    from rlany.records import TaskStats
+
+    return {s.task_id: s for _, s in JsonlReader(path, TaskStats, "task stats", name=name)}
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_adapter(adapter: str | None, flag: str = "--adapter") -> None:
+    if adapter and not (Path(adapter) / "adapter_config.json").exists():
+        raise RlanyError(f"{flag}: not a LoRA adapter directory (no adapter_config.json)",
+                         where=adapter)
+
+
+def start_engine(opts: Any):
+    """The engine an options object (EngineFields) asks for; `engine auto` is resolved for
+    this machine and the reason is printed (and kept in `engine.choice`)."""
+    from rlany import engines
+    from rlany.engines import EngineConfig, make_engine
+    from rlany.models import resolve_model
+
+    kind, reason = engines.resolve_engine(opts.engine)
+    if kind != "openai" and opts.base_url:
+        raise RlanyError(f"--base-url is only for --engine openai, not {kind}")
+    model = resolve_model(opts.model) if kind in ("vllm", "hf") else opts.model
+    info(f"starting engine {kind} ({reason}): {model}")
+    engine = make_engine(EngineConfig(kind=kind, model=model, dtype=opts.dtype, seed=opts.seed,
+                                      max_model_len=opts.max_model_len, base_url=opts.base_url,
+                                      max_lora_rank=opts.max_lora_rank))
+    engine.choice = {"engine": kind, "reason": reason}
+    return engine
+
+
+def engine_flags(opts: Any, engine: Any) -> dict:
+    """The sidecar's `flags`: every option, the resolved model and the engine choice."""
+    from dataclasses import asdict
+
+    flags = asdict(opts)
+    flags["model"] = engine.model
+    choice = getattr(engine, "choice", None)
+    if choice:
+        flags["engine_resolved"] = choice
+    return flags

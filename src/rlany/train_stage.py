@@ -1,0 +1,137 @@
+"""`rlany train-policy` and `rlany train-rm`: one options class, one file driver, two sample
+extractors. The update itself (PPO-clip with a k3 KL, accumulation, resume, Accelerate) is
+`rlany.train`; this module reads scored.jsonl, picks the samples and writes the checkpoint.
+
+train-policy: each kept scored step (prompt messages -> response) weighted by its advantage.
+train-rm: each kept judge sample (judge prompt -> reasoning and verdict) weighted by its
+consistency advantage. Both train the sampled token ids where the records carry them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rlany.console import info
+from rlany.errors import RlanyError
+from rlany.options import opt
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    input: str = opt("-", "scored.jsonl from `rlany score`; - for stdin (the default).",
+                     scope="io", short="-i")
+    output: str = opt(help="Checkpoint directory to write (a PEFT adapter, or a full model "
+                      "with --full). It appears only when complete; a killed run resumes "
+                      "from its last optimizer step.", scope="io", short="-o")
+    model: str = opt("smollm2", "Base model: `smollm2`, a local HF directory, or a hub id.",
+                     scope="run")
+    adapter: str | None = opt(None, "Continue training this LoRA adapter (or, with --full, "
+                              "this model directory).", scope="io")
+    iteration: int = opt(0, "Loop iteration, recorded in rlany.json.", scope="io", min=0)
+    seed: int = opt(0, "Seed of the LoRA init and the sample order.", scope="run", min=0)
+    lr: float = opt(2e-5, "AdamW learning rate (LoRA; full fine-tuning wants ~1e-6).", min=0,
+                    min_exclusive=True)
+    epochs: int = opt(1, "Passes over the samples.", min=1)
+    micro_batch: int = opt(4, "Sequences per forward/backward.", min=1)
+    grad_accum: int = opt(2, "Micro-batches per optimizer step (per process).", min=1)
+    clip_eps: float = opt(0.2, "PPO clip epsilon.", min=0)
+    kl_beta: float = opt(0.01, "k3 KL weight against the pre-update policy.", min=0)
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm.", min=0, min_exclusive=True)
+    weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)
+    max_len: int = opt(1024, "Longest prompt+response in tokens; longer samples are dropped "
+                       "whole.", min=2)
+    full: bool = opt(False, "Full fine-tuning instead of LoRA.")
+    lora_r: int = opt(16, "LoRA rank.", min=1)
+    lora_alpha: int = opt(32, "LoRA alpha.", min=1)
+    lora_dropout: float = opt(0.0, "LoRA dropout.", min=0, max=1)
+    target_modules: str = opt("all-linear", "LoRA target modules: all-linear or a comma list "
+                              "such as q_proj,v_proj.")
+    dtype: str = opt("auto", "Training dtype: auto (bf16 where the CPU or GPU has native bf16, "
+                     "else float32), float32, bfloat16.",
+                     choices=("auto", "float32", "bfloat16"))
+    save_every: int = opt(1, "Save the resumable state every this many optimizer steps.", min=1)
+    max_steps: int | None = opt(None, "Stop after this many optimizer steps.", min=1)
+    old_logprobs: str = opt("auto", "PPO's pre-update log-probs: auto (the sampling engine's, "
+                            "where every sample has them and they are exact), generation, or "
+                            "recompute (an extra forward pass).",
+                            choices=("auto", "generation", "recompute"))
+
+    def check(self, name) -> None:
+        if not self.target_modules.strip(" ,"):
+            raise RlanyError(f"{name('target_modules')} is empty")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainRmOptions(TrainOptions):
+    max_len: int = opt(1536, "Longest judge prompt+output in tokens; longer samples are "
+                       "dropped whole (judge prompts are longer than the policy's).", min=2)
+
+
+KINDS = {"policy": TrainOptions, "rm": TrainRmOptions}
+
+
+def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = info,
+        model=None) -> dict:
+    """Train the policy ('policy') or the reward model ('rm'); write the checkpoint."""
+    from rlany.compat import resolve_dtype
+    from rlany.jsonl import JsonlReader, output_lock, write_text_atomic
+    from rlany.models import resolve_model
+    from rlany.records import Scored
+    from rlany.stageio import check_adapter, prepare_paths, sha256_file
+    from rlany.train import load_model, policy_samples, rm_samples, tokenize, train
+
+    started = time.time()
+    out = Path(opts.output)
+    if (out / "rlany.json").exists():
+        raise RlanyError("checkpoint already exists", where=opts.output,
+                         hint="choose another --output or delete it")
+    if out.exists():
+        raise RlanyError("output exists and is not a finished checkpoint", where=opts.output)
+    if opts.adapter and not opts.full:
+        check_adapter(opts.adapter)
+    path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
+    extract = policy_samples if kind == "policy" else rm_samples
+    kept = sum(1 for _ in extract(s for _, s in JsonlReader(path, Scored, "scored",
+                                                           name=opts.input)))
+    if not kept:  # before the model loads: nothing to learn is an answer, not a crash
+        raise RlanyError("no training samples", where=opts.input,
+                         hint="every step had zero advantage or keep=false; see task_stats")
+    opts = replace(opts, dtype=resolve_dtype(opts.dtype))
+    base = resolve_model(opts.model)
+    # under torchrun/accelerate every process runs this; the first holds the lock for all
+    lock = output_lock(opts.output) if os.environ.get("RANK", "0") == "0" else nullcontext()
+    with lock:
+        net, tokenizer = model or load_model(base, opts.adapter, opts)
+        reader = JsonlReader(path, Scored, "scored", name=opts.input)
+        samples, dropped = tokenize(tokenizer, extract(s for _, s in reader), opts.max_len)
+        if not samples:
+            raise RlanyError(f"no training samples: all {dropped} longer than --max-len "
+                             f"{opts.max_len}", where=opts.input)
+        metrics_path = out.with_name(out.name + ".metrics.jsonl")
+        lines: list[str] = []
+
+        def log(record: dict) -> None:
+            lines.append(json.dumps(record))
+            write_text_atomic(metrics_path, "\n".join(lines) + "\n")
+            if "loss" in record:
+                say(f"train-{kind} step {record['step']}/{record['of']}: loss "
+                    f"{record['loss']:+.4f} kl {record['kl']:.4f} clip {record['clip_frac']:.3f}"
+                    f" grad {record['grad_norm']:.3f} {record['tokens_per_s']:.0f} tok/s")
+
+        meta = {"kind": kind, "base_model": base, "init_adapter": opts.adapter,
+                "iteration": opts.iteration, "data": opts.input,
+                "data_sha256": sha256_file(path), "samples": len(samples),
+                "dropped_too_long": dropped, "dtype": opts.dtype}
+        say(f"train-{kind}: {len(samples)} samples ({dropped} dropped as longer than "
+            f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}, "
+            f"{opts.dtype}")
+        summary = train(samples, net, tokenizer, opts, out, meta, log)
+    say(f"train-{kind}: {summary['steps']} optimizer steps -> {opts.output} "
+        f"({time.time() - started:.1f}s)")
+    return summary

@@ -1,0 +1,83 @@
+"""Training state through Accelerate: the resumable partial state and the final weights.
+
+`save_state`/`load_state` run on every process (under FSDP and DeepSpeed ZeRO-3 each
+saves its shard of weights and optimizer state), `get_state_dict` gathers the final
+weights; rank-0-only `optimizer.state_dict()` and `save_pretrained` would miss the shards.
+
+Layout of `OUT.partial/`: `step-N/` (what `save_state` wrote after optimizer step N) and
+`state.json` (`{"step": N, "data_sha256": ...}`), written last and atomically, so a save
+killed midway leaves the previous state in force. The final checkpoint is written to
+`OUT.tmp/` and renamed to OUT, so a directory named OUT is always complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from rlany.errors import RlanyError
+
+
+def save_trainable_only(acc, model) -> None:
+    """`save_state` writes a model's whole state dict; keep its trainable tensors only (a
+    LoRA run saves the adapter, not the frozen base model; loaded with strict=False).
+    FSDP and DeepSpeed save through their own code and are left alone."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+
+    def keep_trainable(models, weights, output_dir) -> None:
+        for state in weights:
+            for key in [k for k in state if k not in names]:
+                del state[key]
+
+    acc.register_save_state_pre_hook(keep_trainable)
+
+
+def saved_step(partial: Path, meta: dict) -> int:
+    """The optimizer step an interrupted run of the same data saved (0: none)."""
+    state_file = partial / "state.json"
+    if not state_file.exists():
+        return 0
+    state = json.loads(state_file.read_text())
+    if state.get("data_sha256") != meta.get("data_sha256"):
+        raise RlanyError("an interrupted training of other data is in the way",
+                         where=str(partial), hint="delete it to start over")
+    return int(state["step"])
+
+
+def save_state(acc, partial: Path, step: int, meta: dict) -> None:
+    """Every process saves its part into step-N/; then the main process points state.json
+    at it (atomically), so a save killed midway leaves the previous one in force."""
+    acc.save_state(str(partial / f"step-{step}"))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        tmp = partial / "state.json.tmp"
+        tmp.write_text(json.dumps({"step": step, "data_sha256": meta.get("data_sha256")}))
+        os.replace(tmp, partial / "state.json")
+        for old in partial.glob("step-*"):
+            if old.name != f"step-{step}":
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def load_state(acc, partial: Path, step: int) -> None:
+    from accelerate.utils import DistributedType
+
+    # only the trainable tensors were saved (above); DeepSpeed's loader takes no `strict`
+    kwargs = {} if acc.distributed_type == DistributedType.DEEPSPEED else {"strict": False}
+    try:
+        acc.load_state(str(partial / f"step-{step}"), **kwargs)
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RlanyError(f"cannot resume from the state saved at step {step}: {first}",
+                         where=str(partial), hint="delete it to start over") from e
+
+
+def save_final(model, weights: dict, tokenizer, output: Path, meta: dict) -> None:
+    tmp = output.with_name(output.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, state_dict=weights)  # PEFT keeps the adapter's tensors
+    if not hasattr(model, "peft_config"):  # a full model directory needs its tokenizer
+        tokenizer.save_pretrained(tmp)
+    (tmp / "rlany.json").write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, output)

@@ -1,0 +1,142 @@
+"""One options class per stage: the CLI, the loop config and the printed command agree."""
+
+import dataclasses
+import importlib
+import shlex
+
+import pytest
+
+from rlany.cli import app
+from rlany.errors import RlanyError
+from rlany.loop_config import _tables, load_config
+from rlany.options import flag, specs, to_argv
+
+TABLES = _tables()
+
+
+def _parse(argv: list[str], monkeypatch) -> object:
+    """Run argv through the real CLI with the stage's driver replaced by a recorder."""
+    seen = []
+    command = argv[1]
+    table = next(t for t, (c, _, _) in TABLES.items() if c == command)
+    module = importlib.import_module(f"rlany.{TABLES[table][2]}")
+    monkeypatch.setattr(module, "run", lambda opts, **kw: seen.append(opts))
+    app(args=argv[1:], standalone_mode=False)
+    (opts,) = seen
+    return opts
+
+
+def _nondefault(hint, default, spec):
+    """A valid value different from the default, for every kind of field."""
+    if spec.choices:
+        return next(c for c in spec.choices if c != default)
+    text = str(hint)
+    if "bool" in text:
+        return not default
+    if "tuple" in text:
+        return (1, 2)
+    if "float" in text:
+        return 0.5 if default != 0.5 else 0.25
+    if "int" in text:
+        return (default or 1) + 2
+    return "/tmp/x-value"
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+def test_printed_command_round_trips_through_the_cli(table, monkeypatch):
+    command, cls, _ = TABLES[table]
+    values = {k: _nondefault(h, d, s) for k, (h, d, s) in specs(cls).items()}
+    if table == "eval":
+        values.update(n=4, k=(1, 2))
+    if table in ("score", "adapt_tasks"):  # 0 <= low <= high <= 1
+        values.update(rm_acc_min=0.1, rm_acc_max=0.9) if table == "score" else \
+            values.update(alpha_low=0.1, alpha_high=0.9)
+    values.update({k: f"/tmp/{k}.jsonl" for k, (h, _d, s) in specs(cls).items()
+                   if s.scope == "io" and "str" in str(h)})
+    opts = cls(**values)
+    argv = to_argv(command, opts)
+    assert _parse(shlex.split(shlex.join(argv)), monkeypatch) == opts
+    default = cls(**{k: v for k, v in values.items()
+                     if specs(cls)[k][1] is dataclasses.MISSING})
+    assert _parse(to_argv(command, default), monkeypatch) == default
+
+
+def test_flag_field_and_toml_key_are_one_name(tmp_path):
+    for table, (command, cls, _) in TABLES.items():
+        result = _help(command)
+        for key, (_, _, spec) in specs(cls).items():
+            assert flag(key) in result, (command, key)
+            if spec.scope == "stage":  # a key of the stage's table in a loop config
+                cfg = _config(tmp_path, f"[{table}]\n{key} = {_toml(_nondefault(*specs(cls)[key]))}\n")
+                assert cfg.options(table, **_io(cls)).__getattribute__(key) is not None
+
+
+def _help(command: str) -> str:
+    """Every flag spelling of the command, as click parses them."""
+    import typer
+
+    click_cmd = typer.main.get_command(app).commands[command]
+    return " ".join(o for p in click_cmd.params for o in (*p.opts, *p.secondary_opts))
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return repr(value)
+
+
+def _io(cls) -> dict:
+    return {f.name: "-" for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+
+
+def _config(tmp_path, body: str, top: str = ""):
+    path = tmp_path / "loop.toml"
+    path.write_text(f'name = "t"\ntasks = "tasks.jsonl"\n{top}{body}')
+    return load_config(str(path))
+
+
+def test_loop_and_cli_defaults_are_the_same(tmp_path):
+    cfg = _config(tmp_path, "")
+    for table, (_, cls, _) in TABLES.items():
+        io = _io(cls)
+        from_loop = cfg.options(table, **io)
+        from_cli = cls(**io, max_lora_rank=from_loop.max_lora_rank) \
+            if "max_lora_rank" in specs(cls) else cls(**io)
+        assert from_loop == from_cli, table
+
+
+@pytest.mark.parametrize("body, message", [
+    ("[rollout]\nn = 0\n", "[rollout] n must be >= 1, got 0"),
+    ("[eval]\nn = 2\nk = [1, 4]\n", "every [eval] k must be <= [eval] n 2"),
+    ("[judge]\nm = -2\n", "[judge] m must be >= 1"),
+    ("[judge]\nmode = \"tests\"\n", "[judge] mode must be one of steps, unit-tests"),
+    ("[score]\nrm_acc_min = 0.9\nrm_acc_max = 0.1\n", "need [score] rm_acc_min <= [score] rm_acc_max"),
+    ("[train_policy]\nmicro_batch = \"4\"\n", "'[train_policy] micro_batch' must be int"),
+    ("[rollout]\nmax_tokenz = 4\n", "unknown key 'max_tokenz' in [rollout]"),
+    ("[adapt]\nsamples = 1\n", "unknown key 'adapt'"),
+])
+def test_a_bad_loop_config_fails_at_load_with_one_line(tmp_path, body, message):
+    with pytest.raises(RlanyError) as e:
+        _config(tmp_path, body)
+    assert message in e.value.one_line() and "\n" not in e.value.one_line()
+    assert e.value.where and e.value.where.endswith("loop.toml")
+
+
+def test_eval_takes_the_judges_settings_unless_it_sets_its_own(tmp_path):
+    cfg = _config(tmp_path, "[judge]\nm = 2\nmax_tokens = 40\nhistory_steps = 1\n"
+                  "[eval]\njudge = true\nm = 5\n")
+    ev = cfg.options("eval", input="-")
+    assert (ev.m, ev.judge_max_tokens, ev.history_steps) == (5, 40, 1)
+    assert ev.judge_options().history_steps == 1
+
+
+def test_no_step_feedback_is_lambda_zero_in_the_printed_score_command(tmp_path):
+    cfg = _config(tmp_path, "", top="step_feedback = false\n")
+    opts = cfg.options("score", input="t.jsonl")
+    assert opts.lam == 0.0 and "--lam 0.0" in shlex.join(to_argv("score", opts))
+    with pytest.raises(RlanyError, match="lambda = 0"):
+        _config(tmp_path, "[score]\nlam = 1.0\n", top="step_feedback = false\n")
