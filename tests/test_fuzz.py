@@ -66,7 +66,8 @@ def test_rewriter_output_is_validated_or_rejected_with_a_reason(outputs):
              pool[1].task_id: _stats(pool[1].task_id, 0.0),
              pool[2].task_id: _stats(pool[2].task_id, 0.5)}
     engine = FakeEngine(lambda request, k: outputs[k % len(outputs)])
-    candidates, rejections = propose(pool, stats, {}, engine, make_env, AdaptOptions())
+    candidates, rejections, _ = propose(pool, stats, {}, engine, make_env,
+                                        AdaptOptions(rewrite="free"))
     assert len(candidates) + len(rejections) == 2     # the 0.5 task is not a target
     for c in candidates:
         assert make_env(c.env).validate(c.spec) == []

@@ -253,3 +253,69 @@ def test_cli_adapt_tasks_with_no_pending_candidates(tmp_path, cli):
     assert r.returncode == 0, r.stderr
     assert read_jsonl(tmp_path / "next.jsonl") == read_jsonl(pool)
     assert (tmp_path / "cands.jsonl").read_text() == ""
+
+
+def test_adapt_edits_mode_picks_an_env_edit_and_records_it():
+    from rlany.adapt import propose
+    from rlany.engines.fake import FakeEngine
+    from rlany.envs import make_env
+    from rlany.envs.household import make_tasks as household_tasks
+    from rlany.records import TaskStats
+
+    pool = household_tasks(3, seed=2)
+
+    def stats(task_id, acc):
+        return TaskStats(task_id=task_id, n=4, successes=int(acc * 4), acc=acc, mean_steps=1.0,
+                         policy_keep=True, policy_reason="", rm_keep=True, rm_reason="",
+                         policy_samples=0, rm_samples=0, step_score_mean=None,
+                         parse_fail_rate=None, judge_outcome_agreement=None)
+
+    table = {pool[0].task_id: stats(pool[0].task_id, 1.0),
+             pool[1].task_id: stats(pool[1].task_id, 0.0),
+             pool[2].task_id: stats(pool[2].task_id, 0.5)}
+    engine = FakeEngine(lambda request, k: "2")
+    critiques = {pool[0].task_id: "- the agent found the apple at once"}
+    cands, rejected, tally = propose(pool, table, critiques, engine, make_env,
+                                     AdaptOptions(samples=2))
+    assert len(cands) == 2 and not rejected
+    assert tally == {"proposals": 4, "valid_proposals": 4, "edits_tasks": 2, "free_tasks": 0}
+    env = make_env("household")
+    for cand, (parent, direction) in zip(cands, [(pool[0], "harder"), (pool[1], "easier")]):
+        menu = env.edits(parent.spec, direction)
+        assert cand.spec == menu[1].spec and env.validate(cand.spec) == []
+        assert cand.extra["candidate"]["edit"] == menu[1].description
+        assert cand.lineage.direction == direction
+    assert cands[0].extra["candidate"]["critique"] == critiques[pool[0].task_id]
+    # the prompt lists the numbered edits; the answer is constrained to their numbers
+    request = engine.calls[0][0]
+    assert request.sampling.choices == tuple(str(k) for k in range(1, len(
+        env.edits(pool[0].spec, "harder")) + 1))
+    assert "1. " in request.messages[-1]["content"]
+    # free mode asks for JSON instead
+    engine = FakeEngine(lambda request, k: "no json here")
+    cands, rejected, tally = propose(pool, table, {}, engine, make_env,
+                                     AdaptOptions(rewrite="free"))
+    assert not cands and len(rejected) == 2 and tally["valid_proposals"] == 0
+
+
+def test_adapt_summary_model_condenses_the_critiques():
+    from rlany.adapt import propose
+    from rlany.engines.fake import FakeEngine
+    from rlany.envs import make_env
+    from rlany.envs.reasoning import make_tasks as reasoning_tasks
+    from rlany.records import TaskStats
+
+    pool = reasoning_tasks(1, seed=0)
+    table = {pool[0].task_id: TaskStats(
+        task_id=pool[0].task_id, n=4, successes=4, acc=1.0, mean_steps=1.0, policy_keep=True,
+        policy_reason="", rm_keep=True, rm_reason="", policy_samples=0, rm_samples=0,
+        step_score_mean=None, parse_fail_rate=None, judge_outcome_agreement=None)}
+    engine = FakeEngine.from_rules([{"match": "three short sentences",
+                                     "responses": ["It adds well."]},
+                                    {"responses": ["1"]}])
+    cands, _, _ = propose(pool, table, {pool[0].task_id: "- right sum"}, engine, make_env,
+                          AdaptOptions(summary="model"))
+    assert len(engine.calls) == 2       # the summaries, then the rewrites
+    assert "right sum" in engine.calls[0][0].messages[-1]["content"]
+    assert "It adds well." in engine.calls[1][0].messages[-1]["content"]
+    assert cands and cands[0].extra["candidate"]["critique"] == "It adds well."

@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib
+import json
 import shlex
 
 import pytest
@@ -140,3 +141,130 @@ def test_no_step_feedback_is_lambda_zero_in_the_printed_score_command(tmp_path):
     assert opts.lam == 0.0 and "--lam 0.0" in shlex.join(to_argv("score", opts))
     with pytest.raises(RlanyError, match="lambda = 0"):
         _config(tmp_path, "[score]\nlam = 1.0\n", top="step_feedback = false\n")
+
+
+def test_rollout_judge_score_pipe_equals_the_file_route(tmp_path):
+    """`rollout -o - | judge -i - -o - | score -i -` (judge passes each task's trajectories
+    through before their judgments) writes exactly what the stage-by-stage files give."""
+    import shutil
+    import subprocess
+    import sys
+
+    tasks = tmp_path / "tasks.jsonl"
+    shutil.copy("examples/reasoning/tasks.jsonl", tasks)
+    tasks.write_text("".join(tasks.read_text().splitlines(True)[:3]))
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"rules": [
+        {"match": "reviewer", "responses": ["ok \\boxed{+1}", "no \\boxed{-1}"]},
+        {"responses": ["\\boxed{12}", "\\boxed{5}"]}]}))
+    rl = f"{sys.executable} -m rlany"
+    fake = f"--engine fake --model {script}"
+    piped = subprocess.run(
+        f"{rl} rollout -i {tasks} -o - {fake} --n 2 | {rl} judge -i - -o - {fake} --m 2 | "
+        f"{rl} score -i - -o {tmp_path / 'piped.jsonl'}", shell=True, capture_output=True,
+        text=True)
+    assert piped.returncode == 0, piped.stderr
+    for cmd in (f"rollout -i {tasks} -o {tmp_path / 't.jsonl'} {fake} --n 2",
+                f"judge -i {tmp_path / 't.jsonl'} -o {tmp_path / 'j.jsonl'} {fake} --m 2",
+                f"score -i {tmp_path / 't.jsonl'} --judgments {tmp_path / 'j.jsonl'} "
+                f"-o {tmp_path / 'files.jsonl'}"):
+        r = subprocess.run(f"{rl} {cmd}", shell=True, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    piped_out = (tmp_path / "piped.jsonl").read_bytes()
+    assert piped_out and piped_out == (tmp_path / "files.jsonl").read_bytes()
+    # a judgments stream out of order is one line naming the place, exit 1
+    lines = (tmp_path / "j.jsonl").read_text().splitlines(True)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(lines[0] + (tmp_path / "t.jsonl").read_text())
+    r = subprocess.run(f"{rl} score -i {mixed} -o {tmp_path / 'x.jsonl'}", shell=True,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and f"{mixed}:1: judgment for" in r.stderr
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+FAKE_SCRIPT = {"rules": [
+    {"match": "edit's number", "responses": ["1", "2"]},
+    {"match": "reviewer", "responses": ["looks right \\boxed{+1}", "wrong \\boxed{-1}"]},
+    {"responses": ["\\boxed{12}", "\\boxed{5}", "\\boxed{9}", "\\boxed{100}"]}]}
+
+
+def _untimed(summary: dict) -> dict:
+    """A summary without its timings; PEFT writes target_modules from a set (its order
+    follows the process's hash seed), so that list is compared as a set."""
+    out = {k: v for k, v in summary.items() if not k.endswith(("_s", "seconds"))}
+    if isinstance(out.get("target_modules"), list):
+        out["target_modules"] = sorted(out["target_modules"])
+    return out
+
+
+def test_the_commands_the_loop_prints_reproduce_its_iteration(tmp_path, tiny_model):
+    """Run one loop iteration (fake engine, tiny model for training), then run the commands
+    it printed, by hand, into another directory: every output is byte-identical."""
+    import shutil
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    (model / "fake_script.json").write_text(json.dumps(FAKE_SCRIPT))
+    for name, n in (("tasks", 6), ("eval", 2)):
+        src = f"examples/reasoning/{name}.jsonl"
+        (tmp_path / f"{name}.jsonl").write_text("".join(open(src).readlines()[:n]))
+    (tmp_path / "loop.toml").write_text(f"""name = "a"
+runs_dir = "{tmp_path / 'runs'}"
+iterations = 1
+tasks = "{tmp_path / 'tasks.jsonl'}"
+eval_tasks = "{tmp_path / 'eval.jsonl'}"
+model = "{model}"
+engine = "fake"
+[rollout]
+n = 4
+[judge]
+m = 2
+[train_policy]
+micro_batch = 4
+grad_accum = 1
+lora_r = 4
+lr = 1e-3
+[train_rm]
+micro_batch = 8
+lora_r = 4
+max_steps = 1
+[eval]
+n = 2
+""")
+    r = subprocess.run([sys.executable, "-m", "rlany", "loop", str(tmp_path / "loop.toml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    printed = [line.split("loop: $ ", 1)[1] for line in r.stderr.splitlines()
+               if line.startswith("loop: $ ")]
+    stages = [c.split()[1] if c.startswith("rlany ") else "cat" for c in printed]
+    assert stages == ["eval", "cat", "cat", "rollout", "judge", "score", "train-policy",
+                      "train-rm", "adapt-tasks", "eval"]
+    loop_dir, hand_dir = tmp_path / "runs" / "a", tmp_path / "hand"
+    (hand_dir / "iter_000").mkdir(parents=True)
+    for command in printed:
+        command = command.replace(str(loop_dir), str(hand_dir))
+        if command.startswith("rlany "):
+            command = f"{shlex.quote(sys.executable)} -m rlany {command[6:]}"
+        done = subprocess.run(command, shell=True, capture_output=True, text=True)
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+    compared = 0
+    for path in sorted(loop_dir.rglob("*")):
+        rel = path.relative_to(loop_dir)
+        skip = (path.is_dir() or path.name.endswith((".meta.json", "metrics.jsonl"))
+                or path.name in ("done.json", "rlany.json", "config.json"))
+        if skip or rel.parts[0] in ("report",):
+            continue
+        mine = (hand_dir / rel)
+        assert mine.exists(), f"the printed commands did not write {rel}"
+        if path.suffix in (".json", ".jsonl"):
+            a = path.read_text().replace(str(loop_dir), "RUN")
+            b = mine.read_text().replace(str(hand_dir), "RUN")
+            if path.suffix == ".json":  # a summary: equal but for its timings
+                a, b = _untimed(json.loads(a)), _untimed(json.loads(b))
+            assert a == b, rel
+        else:
+            assert path.read_bytes() == mine.read_bytes(), rel
+        compared += 1
+    assert compared >= 15

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -92,11 +93,49 @@ def test_judge_last_step_only_judges_the_labelled_step():
              for t in g]
     eng = FakeEngine(lambda req, k: "\\boxed{+1}")
     judged = [j for g in judge(trajs, eng, JudgeOptions(m=2, last_step_only=True)) for j in g]
-    assert sum(len(r) for r in eng.calls) == len(trajs)        # one request per trajectory
+    assert len(eng.calls[0]) == len(trajs)        # one request per trajectory (phase 1)
     assert all([s.step for s in j.steps] == [2] for j in judged)
     metrics = judge_metrics(trajs, judged)
-    assert metrics["judge_labelled_verdicts"] == 2 * len(trajs)
-    assert metrics["judge_step_accuracy"] == 1.0                 # all succeed, all +1
+    assert metrics["judge_last_step_accuracy"] == 1.0            # all succeed, all +1
+    # this env labels no step: there is no step accuracy to report
+    assert metrics["judge_labelled_verdicts"] == 0 and metrics["judge_step_accuracy"] is None
+
+
+def test_judge_step_accuracy_is_balanced_over_env_labels():
+    """Household labels each step; a judge that always says +1 scores 0.5 (balanced), one
+    that reads the label scores 1.0, one that inverts it 0.0."""
+    from rlany.envs.household import expert_actions, make_tasks
+    from rlany.evaluate import judge_metrics
+
+    tasks = make_tasks(4, seed=1)
+    plans = {t.task_id: expert_actions(t.spec) for t in tasks}
+
+    def policy(req, k):  # a detour first ("look"), then the expert plan
+        done = sum(m["role"] == "assistant" for m in req.messages)
+        plan = ["look", *plans[_task_of(req)]]
+        return plan[min(done, len(plan) - 1)]
+
+    def _task_of(req):
+        text = " ".join(str(m["content"]) for m in req.messages)
+        return next(t.task_id for t in tasks if t.prompt[:60] in text)
+
+    trajs = [t for g in rollout(tasks, FakeEngine(policy), envs.make_env,
+                                RolloutOptions(n=1, max_steps=12, history_turns=20)) for t in g]
+    labels = [s.info.get("label") for t in trajs for s in t.steps]
+    assert 1 in labels and -1 in labels and None not in labels
+    from rlany.records import JudgeSample, Judgment, StepJudgment
+
+    def judged(verdict):
+        return [Judgment(traj_id=t.traj_id, task_id=t.task_id, judge={}, steps=[
+            StepJudgment(step=k, judge_messages=[], samples=[
+                JudgeSample(text="", score=verdict(s.info["label"]))] * 2)
+            for k, s in enumerate(t.steps)]) for t in trajs]
+
+    for verdict, want in ((lambda label: 1, 0.5), (lambda label: label, 1.0),
+                          (lambda label: -label, 0.0), (lambda label: 0, 0.0)):
+        m = judge_metrics(trajs, judged(verdict))
+        assert m["judge_step_accuracy"] == pytest.approx(want)
+        assert m["judge_good_steps"] + m["judge_bad_steps"] == len(labels)
 
 
 def test_judge_m_samples_share_one_prompt_and_keep_order():
@@ -104,11 +143,17 @@ def test_judge_m_samples_share_one_prompt_and_keep_order():
     pol = FakeEngine.from_rules([{"responses": ["\\boxed{1}", "\\boxed{12}"]}])
     trajs = [t for g in rollout(tasks, pol, envs.make_env, RolloutOptions(n=2)) for t in g]
     jud = FakeEngine.from_rules([{"responses": ["fine \\boxed{+1}", "bad \\boxed{-1}", "hmm"]}])
-    out = [j for g in judge(trajs, jud, JudgeOptions(m=3, batch_trajectories=100)) for j in g]
+    opts = JudgeOptions(m=3, batch_trajectories=100, verdict="free")
+    out = [j for g in judge(trajs, jud, opts) for j in g]
     assert len(jud.calls) == 1 and all(r.sampling.n == 3 for r in jud.calls[0])
     assert [j.traj_id for j in out] == [t.traj_id for t in trajs]
     scores = sorted(s.score for s in out[0].steps[0].samples)
     assert scores == [-1, 0, 1]
+    # constrained (the default): one batched call per phase, and no unreadable verdict
+    jud.calls.clear()
+    out = [j for g in judge(trajs, jud, replace(opts, verdict="constrained")) for j in g]
+    assert len(jud.calls) == 2
+    assert all(s.score != 0 for j in out for st in j.steps for s in st.samples)
     # the judge sees the task, the response and what happened next
     user = out[0].steps[0].judge_messages[-1]["content"]
     assert trajs[0].steps[0].response in user and "What is" in user

@@ -180,12 +180,21 @@ def test_cli_train_policy_then_train_rm(tiny_model, tmp_path, cli):
 
 def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tmp_path):
     """accelerate on 2 CPU processes (gloo DDP) vs 1 process, same global batch: each
-    step's gradient norm is the same, so the loss is scaled exactly once across processes."""
+    step's gradient norm is the same, so the loss is scaled exactly once across processes.
+    11 samples in steps of 4: the last step's 3 leave rank 1 one short; it runs a padded
+    row that carries no loss, so both ranks run the same collectives (no hang)."""
     import os
     import subprocess
     import sys
 
-    data = "stages/score/out.jsonl"
+    lines = open("stages/score/out.jsonl").read().splitlines()
+    one_step = next(line for line in lines
+                    if sum(s["keep"] for s in json.loads(line)["steps"]) == 1)
+    extra = json.loads(one_step)
+    extra["traj_id"] += "-copy"
+    data = str(tmp_path / "eleven.jsonl")
+    with open(data, "w") as f:
+        f.write("\n".join([*lines, json.dumps(extra)]) + "\n")
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "RLANY_DEBUG": "1"}
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                           "-m", "rlany", "train-policy", "-i", data, "-o", str(tmp_path / "ddp"),

@@ -14,11 +14,18 @@ Two steps, both pure functions of records plus an engine:
 
 2. `propose` (new candidates). For each pool task with acc >= alpha_high (make harder) or
    acc <= alpha_low (make easier), the reward model's critiques of its trajectories are
-   summarized (extractive: the judge texts of steps it scored -1 first, near-duplicates
-   dropped, clipped) and handed to a rewriter model with the environment's description and
-   editable JSON spec. The rewrite must parse as JSON, pass the environment's `validate`,
-   and not be a near-duplicate (rapidfuzz) of a pool task; `samples` rewrites are drawn and
-   the first that passes is the candidate. Rejections are recorded with their reason.
+   summarized: `--summary extract` takes the judge texts of steps it scored -1 first,
+   near-duplicates dropped, clipped; `--summary model` then has the model condense them
+   into three sentences (the paper's summarized critic). Then the rewrite:
+   * `--rewrite edits` (what `auto` picks where the env offers edits): the model sees the
+     task, the summary and the env's numbered edits (`Environment.edits(spec,
+     direction)`: short, described, each already valid) and its answer is decoded as one
+     of the numbers, so a small model's every proposal is a valid task.
+   * `--rewrite free`: the model writes a whole new JSON spec (for strong models); it must
+     parse, pass the env's `validate`.
+   A proposal must not duplicate a pool task (a free rewrite: not even nearly, rapidfuzz);
+   `samples` proposals are drawn and the first that passes is the candidate, recorded with
+   its summary and (edits) the edit chosen. Rejections are recorded with their reason.
 """
 
 from __future__ import annotations
@@ -26,16 +33,25 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from rlany.critiques import collect_critiques, model_summaries
 from rlany.engines import Engine, Request, Sampling
 from rlany.envs import Environment
 from rlany.errors import RlanyError
 from rlany.options import EngineFields, opt
-from rlany.prompts import clip, rewrite_messages
-from rlany.records import Judgment, Lineage, Task, TaskStats
+from rlany.prompts import (
+    clip,
+    edit_choices,
+    edit_messages,
+    rewrite_messages,
+)
+from rlany.records import Lineage, Task, TaskStats
+
+REWRITES = ("auto", "edits", "free")
+SUMMARIES = ("extract", "model")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +79,16 @@ class AdaptOptions(EngineFields):
     critiques: int = opt(3, "Critique snippets in a task's summary.", min=1)
     dup_threshold: float = opt(97.0, "rapidfuzz similarity (0-100) at which a rewrite "
                                "duplicates a pool task.", min=0, max=100)
-    max_tokens: int = opt(384, "Max new tokens per rewrite.", min=1)
+    max_tokens: int = opt(384, "Max new tokens per free rewrite (and per model summary).",
+                          min=1)
     temperature: float = opt(0.7, "Sampling temperature of the rewriter.", min=0)
+    rewrite: str = opt("auto", "edits: pick one of the env's numbered edits (decoded as one "
+                       "of the numbers: always valid). free: write a whole new JSON spec. "
+                       "auto: edits for envs that offer edits (all built-in ones), else free.",
+                       choices=REWRITES)
+    summary: str = opt("extract", "The critique summary the rewriter reads: extract (the "
+                       "judge's critiques of bad steps first, de-duplicated) or model (the "
+                       "model condenses those into three sentences).", choices=SUMMARIES)
 
     def check(self, name) -> None:
         if self.alpha_low >= self.alpha_high:
@@ -137,26 +161,6 @@ def decide(pool: list[Task], pending: list[Task], stats: dict[str, TaskStats],
     return new_pool, decisions
 
 
-def critique_summary(judgments: Iterable[Judgment], limit: int) -> str:
-    """Extractive summary: critiques of steps judged bad first, near-duplicates dropped."""
-    from rapidfuzz import fuzz
-
-    bad, other = [], []
-    for j in judgments:
-        for step in j.steps:
-            for s in step.samples:
-                text = s.text.strip()
-                if text:
-                    (bad if s.score == -1 else other).append(text)
-    chosen: list[str] = []
-    for text in bad + other:
-        if len(chosen) == limit:
-            break
-        if all(fuzz.ratio(text, c) < 90 for c in chosen):
-            chosen.append(text)
-    return "\n".join(f"- {clip(c, 400)}" for c in chosen) or "(no critiques)"
-
-
 _FENCE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
 
 
@@ -186,51 +190,104 @@ def parse_spec(text: str) -> dict | None:
 
 def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, str],
             engine: Engine, make_env: Callable[[str], Environment],
-            opts: AdaptOptions) -> tuple[list[Task], list[dict]]:
-    """Rewrite tasks that are too easy or too hard; return (candidates, rejections)."""
-    from rapidfuzz import fuzz
+            opts: AdaptOptions) -> tuple[list[Task], list[dict], dict]:
+    """Rewrite tasks that are too easy or too hard.
 
+    Returns (candidates, rejections, tally); tally counts the proposals drawn, the valid
+    ones (an edit number in range, or a free rewrite that parses and validates) and the
+    tasks rewritten by each mode."""
     targets = [(t, direction_for(stats[t.task_id].acc, opts)) for t in pool if t.task_id in stats]
     targets = [(t, d) for t, d in targets if d]
     envs = {t.task_id: make_env(t.env) for t, _ in targets}
-    requests = [Request(messages=rewrite_messages(
-                    envs[t.task_id].describe(t), t.spec, stats[t.task_id].acc, d,
-                    critiques.get(t.task_id, "(no critiques)")),
-                    sampling=replace(opts.sampling, n=opts.samples), adapter=opts.adapter)
-                for t, d in targets]
-    results = engine.generate(requests) if requests else []
+    summaries = {t.task_id: critiques.get(t.task_id, "(no critiques)") for t, _ in targets}
+    if opts.summary == "model":
+        summaries = model_summaries(targets, envs, summaries, engine, opts.max_tokens,
+                                    opts.adapter)
+    menus: dict[str, list] = {}
+    for t, d in targets:  # edits: the env's menu (empty: nothing to propose, rejected)
+        env = envs[t.task_id]
+        if opts.rewrite == "edits" or (opts.rewrite == "auto" and hasattr(env, "edits")):
+            menus[t.task_id] = env.edits(t.spec, d) if hasattr(env, "edits") else []
+    requests = []
+    for t, d in targets:
+        description, acc = envs[t.task_id].describe(t), stats[t.task_id].acc
+        if t.task_id in menus:
+            menu = menus[t.task_id] or [None]  # no edit offered: one request, rejected below
+            requests.append(Request(
+                messages=edit_messages(description, acc, d, summaries[t.task_id],
+                                       [e.description for e in menu if e]),
+                sampling=Sampling(n=opts.samples, max_tokens=8, temperature=opts.temperature,
+                                  choices=edit_choices(len(menu))),
+                adapter=opts.adapter))
+        else:
+            requests.append(Request(messages=rewrite_messages(
+                description, t.spec, acc, d, summaries[t.task_id]),
+                sampling=replace(opts.sampling, n=opts.samples), adapter=opts.adapter))
+    asked = [(t, d, r) for (t, d), r in zip(targets, requests)
+             if t.task_id not in menus or menus[t.task_id]]
+    results = iter(engine.generate([r for *_, r in asked]) if asked else [])
     seen = [json.dumps(t.spec, sort_keys=True) for t in pool]
     candidates, rejections = [], []
-    for (task, direction), result in zip(targets, results):
-        env = envs[task.task_id]
-        reasons = []
+    tally = {"proposals": 0, "valid_proposals": 0, "edits_tasks": 0, "free_tasks": 0}
+    for task, direction in targets:
+        menu = menus.get(task.task_id)
+        tally["edits_tasks" if menu is not None else "free_tasks"] += 1
+        if menu == []:
+            rejections.append({"task_id": task.task_id, "direction": direction,
+                               "iteration": opts.iteration, "outputs": [],
+                               "reasons": [f"the env offers no {direction} edit"]})
+            continue
+        result = next(results)
+        reasons, found = [], None
         for completion in result.completions:
-            spec = parse_spec(completion.text)
+            tally["proposals"] += 1
+            spec, edit, why = _read_proposal(completion.text, menu, envs[task.task_id])
             if spec is None:
-                reasons.append("no JSON object in the rewrite")
+                reasons.append(why)
                 continue
-            problems = env.validate(spec)
-            if problems:
-                reasons.append("invalid spec: " + "; ".join(problems))
+            tally["valid_proposals"] += 1
+            if found is not None:
                 continue
+            from rapidfuzz import fuzz
             flat = json.dumps(spec, sort_keys=True)
-            best = max((fuzz.ratio(flat, s) for s in seen), default=0.0)
+            # an edit is small by design (and differs from its task): only an identical
+            # task is a duplicate; a free rewrite that barely changed the spec is one too
+            best = (100.0 * (flat in seen) if menu is not None else
+                    max((fuzz.ratio(flat, s) for s in seen), default=0.0))
             if best >= opts.dup_threshold:
                 reasons.append(f"near-duplicate of a pool task (similarity {best:.0f})")
                 continue
+            found = spec
             candidates.append(_candidate(task, spec, direction, stats[task.task_id].acc,
-                                         critiques.get(task.task_id, ""), opts.iteration))
+                                         summaries[task.task_id], opts.iteration, edit))
             seen.append(flat)
-            break
-        else:
+        if found is None:
             rejections.append({"task_id": task.task_id, "direction": direction,
                                "iteration": opts.iteration, "reasons": reasons,
                                "outputs": [clip(c.text, 600) for c in result.completions]})
-    return candidates, rejections
+    return candidates, rejections, tally
+
+
+def _read_proposal(text: str, menu: list | None, env: Environment
+                   ) -> tuple[dict | None, str | None, str]:
+    """(spec, edit description, why not): an edit number from the menu, or a free rewrite."""
+    if menu is not None:
+        k = text.strip()
+        if not k.isdigit() or not 1 <= int(k) <= len(menu):
+            return None, None, f"not one of the {len(menu)} edits: {clip(text, 40)!r}"
+        edit = menu[int(k) - 1]
+        return edit.spec, edit.description, ""
+    spec = parse_spec(text)
+    if spec is None:
+        return None, None, "no JSON object in the rewrite"
+    problems = env.validate(spec)
+    if problems:
+        return None, None, "invalid spec: " + "; ".join(problems)
+    return spec, None, ""
 
 
 def _candidate(parent: Task, spec: dict, direction: str, parent_acc: float, critique: str,
-               iteration: int) -> Task:
+               iteration: int, edit: str | None = None) -> Task:
     lineage = parent.lineage or Lineage(root_id=parent.task_id)
     version = lineage.version + 1
     return Task(task_id=f"{lineage.root_id}.v{version}.i{iteration}", env=parent.env,
@@ -239,22 +296,11 @@ def _candidate(parent: Task, spec: dict, direction: str, parent_acc: float, crit
                                 version=version, direction=direction),
                 extra={**parent.extra, "candidate": {"parent_acc": parent_acc,
                                                      "proposed_iter": iteration,
-                                                     "critique": critique}})
+                                                     "critique": critique,
+                                                     **({"edit": edit} if edit else {})}})
 
 
 # -- the file driver: `rlany adapt-tasks` and the loop's adapt-tasks stage ---------------
-
-def collect_critiques(judgments: str, task_ids: set[str], limit: int,
-                      name: str | None = None) -> dict[str, str]:
-    """Critique summaries of the given tasks, streaming the judgments file once."""
-    from rlany.jsonl import JsonlReader
-
-    grouped: dict[str, list] = {}
-    for _, j in JsonlReader(judgments, Judgment, "judgments", name=name):
-        if j.task_id in task_ids:
-            grouped.setdefault(j.task_id, []).append(j)
-    return {tid: critique_summary(js, limit) for tid, js in grouped.items()}
-
 
 def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     """Accept/reject pending candidates, then propose new ones; write pool + candidates."""
@@ -294,8 +340,9 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     critiques = (collect_critiques(paths["--judgments"], targets, opts.critiques,
                                    opts.judgments) if opts.judgments else {})
     engine = engine or (start_engine(opts) if targets else None)
-    candidates, rejections = (propose(new_pool, stats, critiques, engine, envs.make_env, opts)
-                              if targets else ([], []))
+    candidates, rejections, tally = (
+        propose(new_pool, stats, critiques, engine, envs.make_env, opts)
+        if targets else ([], [], {}))
     accepted = sum(d["accepted"] for d in decisions)
     with AtomicJsonl(opts.candidates) as out:
         out.write_all(candidates)
@@ -307,14 +354,16 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
         out.write_all(new_pool)
     counts = {"pool": len(new_pool), "pending": len(pending_tasks), "accepted": accepted,
               "rejected": len(decisions) - accepted, "targets": len(targets),
-              "candidates": len(candidates), "rewrites_rejected": len(rejections)}
+              "candidates": len(candidates), "rewrites_rejected": len(rejections), **tally}
     flags = {**asdict(opts), "model": engine.model if engine else opts.model}
     for path in (opts.candidates, decisions_out, opts.output):  # the pool's meta last
         if path:
             write_meta(path, stage="adapt-tasks", flags=flags, inputs=inputs, counts=counts,
                        started=started, versions=GEN_VERSIONS)
+    valid = (f" ({tally['valid_proposals']}/{tally['proposals']} proposals valid)"
+             if tally.get("proposals") else "")
     info(f"adapt-tasks: accepted {accepted} of {len(pending_tasks)} candidates; "
-         f"{len(targets)} tasks to adapt -> {len(candidates)} new candidates, "
+         f"{len(targets)} tasks to adapt -> {len(candidates)} new candidates{valid}, "
          f"{len(rejections)} rewrites rejected -> {opts.output} "
          f"({time.time() - started:.1f}s)")
     return counts

@@ -3,13 +3,19 @@
 Policy: success rate over all trajectories, pass@k per task with the unbiased estimator
 1 - C(n-c, k) / C(n, k) (n samples, c successes), averaged over tasks, and mean steps.
 
-Judge (optional): the reward model judges the eval trajectories. The last step of an
-episode is labelled by its outcome (the step that ended a successful episode was good, the
-one that ended a failed episode was not: exact for single-turn envs, a lower bound on what
-a judge must get right for multi-turn ones). Reported: verdict accuracy on those labelled
-steps (unparseable counts as wrong), the unparseable rate, and outcome agreement (the sign
-of a trajectory's mean step score equals its outcome). With `last_step_only` judging, the
-judgments hold the last step only, and these rates cover those steps.
+Judge (optional): the reward model judges the eval trajectories.
+* `judge_step_accuracy`: against the environment's own step labels (`info["label"]`, +1 or
+  -1: household labels a step good when its action lies on a shortest plan to the goal from
+  the state it was taken in; alfworld asks the game's expert), the balanced accuracy of the
+  verdicts (mean of the accuracy on good steps and on bad steps, so a judge that always
+  says +1 scores 0.5), with the counts `judge_good_steps` / `judge_bad_steps`. This is the
+  paper's step-wise measure; None for envs without labels (reasoning, coding).
+* `judge_last_step_accuracy`: the last step against the episode's outcome (exact for
+  single-turn envs; for multi-turn ones a failed episode's last step may have been fine).
+* `judge_parse_fail_rate`, and `judge_outcome_agreement` (the sign of a trajectory's mean
+  step score equals its outcome).
+Unparseable verdicts count as wrong. With `last_step_only` judging the judgments hold the
+last step only, and these rates cover those steps.
 """
 
 from __future__ import annotations
@@ -109,22 +115,36 @@ def policy_metrics(groups: list[list[Trajectory]], ks: list[int]) -> dict:
 
 
 def judge_metrics(trajectories: list[Trajectory], judgments: list[Judgment]) -> dict:
-    labelled = correct = unparseable = verdicts = agree = 0
+    """The judge against the env's step labels and the outcomes (see the module doc)."""
+    last_n = last_ok = unparseable = verdicts = agree = 0
+    steps = {1: [0, 0], -1: [0, 0]}  # label -> [verdicts, correct verdicts]
+    labelled_steps = {1: 0, -1: 0}
     for traj, j in zip(trajectories, judgments):
         scores = [s.score for step in j.steps for s in step.samples]
         verdicts += len(scores)
         unparseable += sum(s == 0 for s in scores)
+        for sj in j.steps:
+            label = traj.steps[sj.step].info.get("label") if sj.step < len(traj.steps) else None
+            if label in (1, -1) and sj.samples:
+                labelled_steps[label] += 1
+                steps[label][0] += len(sj.samples)
+                steps[label][1] += sum(s.score == label for s in sj.samples)
         if j.steps:
             last = j.steps[-1].samples
-            labelled += len(last)
-            correct += sum(s.score == traj.outcome for s in last)
+            last_n += len(last)
+            last_ok += sum(s.score == traj.outcome for s in last)
             mean = fmean(fmean(s.score for s in step.samples) for step in j.steps)
             agree += mean * traj.outcome > 0
+    rates = [ok / n for n, ok in steps.values() if n]
     return {
-        "judge_step_accuracy": correct / labelled if labelled else None,
+        "judge_step_accuracy": fmean(rates) if rates else None,
+        "judge_good_step_accuracy": steps[1][1] / steps[1][0] if steps[1][0] else None,
+        "judge_bad_step_accuracy": steps[-1][1] / steps[-1][0] if steps[-1][0] else None,
+        "judge_good_steps": labelled_steps[1], "judge_bad_steps": labelled_steps[-1],
+        "judge_last_step_accuracy": last_ok / last_n if last_n else None,
         "judge_parse_fail_rate": unparseable / verdicts if verdicts else None,
         "judge_outcome_agreement": agree / len(trajectories) if trajectories else None,
-        "judge_labelled_verdicts": labelled,
+        "judge_labelled_verdicts": steps[1][0] + steps[-1][0],
     }
 
 

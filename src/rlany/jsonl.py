@@ -9,23 +9,16 @@
   groups to `path.partial` and records each completed group in `path.partial.idx` after an
   fsync; a rerun keeps the recorded groups, drops anything after them, and continues.
   `-` streams groups to stdout as they complete (a pipe cannot resume).
-* `check_paths` refuses an output that would overwrite an input; `spool_input` copies stdin
-  (or a named pipe) to a temp file, for a stage that reads its input twice; `output_lock`
-  keeps two processes from writing one output.
 * `write_meta` writes `X.meta.json` (schema version, flags, inputs with sha256, counts, wall
   time, versions). It is written after the data, so "meta exists" means "output complete".
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import platform
-import shutil
-import stat
 import sys
 import tempfile
 import time
@@ -34,7 +27,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
-from rlany.errors import RlanyError, UsageError
+import jsonlines
+
+from rlany.errors import RlanyError
 from rlany.records import SCHEMA_VERSION, from_json, guess_kind, to_json
 
 R = TypeVar("R")
@@ -60,10 +55,11 @@ def meta_path(path: str | Path) -> Path:
 class JsonlReader(Generic[R]):
     """Iterate `(where, record)`; afterwards `.count` and `.sha256` describe what was read."""
 
-    def __init__(self, path: str | Path, cls: type[R], kind: str, allow_empty: bool = False,
-                 name: str | None = None):
+    def __init__(self, path: str | Path, cls: type[R] | dict[str, type], kind: str,
+                 allow_empty: bool = False, name: str | None = None):
         """`name`: what errors and the sidecar call the input (the user's `-` when `path`
-        is the temp copy of stdin that `spool_input` made)."""
+        is the temp copy of stdin that `spool_input` made). `cls` a {kind: class} dict
+        reads a mixed stream (`judge -o -`: trajectories and judgments)."""
         self.path, self.cls, self.kind, self.allow_empty = str(path), cls, kind, allow_empty
         self.name = str(name) if name is not None else self.path
         self.count = 0
@@ -124,12 +120,18 @@ class JsonlReader(Generic[R]):
             if not text.endswith("\n"):
                 raise RlanyError(f"truncated last line: {e}", where=where) from None
             raise RlanyError(f"invalid JSON: {e}", where=where) from None
+        cls = self.cls
+        if isinstance(cls, dict):  # a mixed stream: the record's kind picks its class
+            kinds = cls
+            cls = kinds.get(guess_kind(obj) if isinstance(obj, dict) else None,
+                            next(iter(kinds.values())))  # else: the first kind's errors
         try:
-            return from_json(self.cls, obj)
+            return from_json(cls, obj)
         except RlanyError as e:
             found = guess_kind(obj) if isinstance(obj, dict) else None
             hint = (f"this looks like a {found} file, expected {self.kind}"
-                    if found and found != self.kind else None)
+                    if found and found != self.kind and found not in (
+                        self.cls if isinstance(self.cls, dict) else ()) else None)
             raise RlanyError(e.message, where=where, hint=hint) from None
 
 
@@ -149,17 +151,24 @@ def check_schema_version(path: Path) -> None:
 
 
 class AtomicJsonl:
-    """Write records to `path` atomically (temp file + rename); `-` means stdout."""
+    """Write records to `path` atomically (temp file + rename); `-` means stdout.
+
+    Lines are written by `jsonlines.Writer` with this module's canonical `dumps` (records
+    converted, no NaN/inf, UTF-8 kept). Reading stays hand-written (`JsonlReader`): it must
+    hash the bytes as it streams, cap a line's length and name `file:line` in every error,
+    which jsonlines' reader does not do together."""
 
     def __init__(self, path: str | Path):
         self.path = str(path)
         self.count = 0
         self._tmp: str | None = None
         self._out: IO[str] | None = None
+        self._writer: jsonlines.Writer | None = None
 
     def __enter__(self) -> AtomicJsonl:
         if self.path == "-":
             self._out = sys.stdout
+            self._writer = jsonlines.Writer(self._out, dumps=dumps)
             return self
         target = Path(self.path)
         if target.is_dir():
@@ -169,11 +178,12 @@ class AtomicJsonl:
         fd, self._tmp = tempfile.mkstemp(dir=target.parent,
                                          prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp")
         self._out = os.fdopen(fd, "w", encoding="utf-8")
+        self._writer = jsonlines.Writer(self._out, dumps=dumps)
         return self
 
     def write(self, record: Any) -> None:
-        assert self._out is not None
-        self._out.write(dumps(record) + "\n")
+        assert self._writer is not None
+        self._writer.write(record)
         self.count += 1
 
     def write_all(self, records: Iterable[Any]) -> None:
@@ -313,77 +323,6 @@ def _loads_or_none(line: str) -> Any:
         return json.loads(line)
     except ValueError:
         return None
-
-
-def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
-    """Usage errors before anything is read or written: an output that names an input
-    file (writing it would destroy the input), two outputs naming one file, or more than
-    one input or output on stdin/stdout. Keys are the flags, for the message."""
-    def real(p: str) -> str:
-        return os.path.realpath(p)
-
-    for group, what in ((inputs, "stdin"), (outputs, "stdout")):
-        dashes = [flag for flag, p in group.items() if p == "-"]
-        if len(dashes) > 1:
-            raise UsageError(f"{' and '.join(dashes)} both use {what} (-); at most one can")
-    seen: dict[str, str] = {}
-    for flag, p in inputs.items():
-        if p and p != "-":
-            seen.setdefault(real(p), flag)
-    for flag, p in outputs.items():
-        if not p or p == "-":
-            continue
-        if real(p) in seen:
-            raise UsageError(f"{flag} {p} is also {seen[real(p)]}: writing it would destroy "
-                             "that file; choose another output")
-        seen[real(p)] = flag
-
-
-def spool_input(path: str) -> tuple[str, str]:
-    """(a path that can be read more than once, the name to show): stdin (`-`) and named
-    pipes are copied to a temp file, removed when the process exits; a plain file is
-    returned as it is."""
-    if path != "-":
-        try:
-            if not stat.S_ISFIFO(os.stat(path).st_mode):
-                return path, path
-        except OSError:
-            return path, path  # the reader reports a missing file with its name
-    import atexit
-
-    fd, tmp = tempfile.mkstemp(prefix="rlany-stdin.", suffix=".jsonl")
-    with os.fdopen(fd, "wb") as f:
-        if path == "-":
-            shutil.copyfileobj(sys.stdin.buffer, f)
-        else:
-            with open(path, "rb") as src:
-                shutil.copyfileobj(src, f)
-    atexit.register(lambda: Path(tmp).unlink(missing_ok=True))
-    return tmp, path
-
-
-@contextlib.contextmanager
-def output_lock(path: str | Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path` while a stage writes it (a `.X.lock` file beside
-    it, flock: released by the kernel when the process dies, so a killed stage never
-    leaves a stale lock). A second writer fails at once instead of interleaving."""
-    if str(path) == "-":
-        yield
-        return
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = target.with_name(f".{target.name}.lock")
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RlanyError("another rlany process is writing this output; wait for it "
-                             "or stop it", where=str(path)) from None
-        try:
-            yield
-        finally:
-            lock.unlink(missing_ok=True)
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def package_versions(*names: str) -> dict[str, str]:

@@ -31,7 +31,14 @@ from rlany.chat import text_of
 from rlany.engines import Engine, Request, Sampling, stable_seed
 from rlany.errors import RlanyError
 from rlany.options import EngineFields, opt
-from rlany.prompts import clip, judge_messages, parse_unit_test, parse_verdict, unit_test_messages
+from rlany.prompts import (
+    clip,
+    generate_verdicts,
+    judge_messages,
+    parse_unit_test,
+    parse_verdict,
+    unit_test_messages,
+)
 from rlany.records import JudgeSample, Judgment, StepJudgment, Trajectory
 
 MODES = ("steps", "unit-tests")
@@ -43,8 +50,10 @@ VERDICTS = ("constrained", "free")
 @dataclass(frozen=True, kw_only=True)
 class JudgeOptions(EngineFields):
     input: str = opt("-", "trajectories.jsonl; - for stdin (the default).", scope="io", short="-i")
-    output: str = opt("judgments.jsonl", "judgments.jsonl; - for stdout. A file resumes (same "
-                      "flags); stdout does not.", scope="io", short="-o")
+    output: str = opt("judgments.jsonl", "judgments.jsonl. - streams to stdout each task's "
+                      "trajectories followed by their judgments, which `rlany score -i -` "
+                      "reads (no --judgments needed). A file resumes (same flags); stdout "
+                      "does not.", scope="io", short="-o")
     m: int = opt(3, "Judge samples per step.", min=1)
     max_tokens: int = opt(384, "Max new tokens of each judge sample's reasoning.", min=1)
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
@@ -136,14 +145,17 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                         sampling=replace(opts.sampling, n=opts.m,
                                          seed=stable_seed(opts.seed, "judge", tid, k)))
                 for tid, steps in prompts.items() for k, p in steps]
-    results = iter(engine.generate(requests))
+    results = iter(generate_verdicts(engine, requests, opts.verdict))
+    real_ids = getattr(engine, "real_token_ids", True)
     for group in batch:
         judgments = []
         for traj in group:
             steps = []
             for k, messages in prompts[traj.traj_id]:
                 result = next(results)
-                samples = [JudgeSample(text=c.text, score=parse_verdict(c.text))
+                samples = [JudgeSample(text=c.text, score=parse_verdict(c.text),
+                                       token_ids=list(c.token_ids) if real_ids else None,
+                                       finish_reason=c.finish_reason)
                            for c in result.completions]
                 steps.append(StepJudgment(step=k, judge_messages=messages, samples=samples))
             judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
@@ -236,8 +248,15 @@ def unit_test_counts(group: list[Judgment], outcomes: dict[str, int]) -> dict[st
 def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     """Read trajectories, judge them (resuming a partial output), write judgments."""
     from rlany.console import info, progress
-    from rlany.jsonl import JsonlReader, ResumableJsonl, output_lock, write_meta
-    from rlany.stageio import GEN_VERSIONS, check_adapter, engine_flags, prepare_paths, start_engine
+    from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
+    from rlany.stageio import (
+        GEN_VERSIONS,
+        check_adapter,
+        engine_flags,
+        output_lock,
+        prepare_paths,
+        start_engine,
+    )
 
     started = time.time()
     check_adapter(opts.adapter)
@@ -254,11 +273,14 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
             info(f"judge: resuming, {len(done)} tasks already judged")
         tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
         outcomes: dict[str, int] = {}
+        held: dict[str, Trajectory] = {}  # -o -: trajectories passed through to the pipe
 
         def todo():
             for _, t in reader:
                 if t.task_id not in done:
                     outcomes[t.traj_id] = t.outcome
+                    if out.stream:
+                        held[t.traj_id] = t
                     yield t
         verdicts = {1: 0, -1: 0, 0: 0}
         tests: dict[str, int] = {}
@@ -266,7 +288,8 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
             with progress("judge", None) as bar:
                 for group in judge(todo(), engine, opts, {"model": engine.model,
                                                           "adapter": opts.adapter}):
-                    out.write_group(group[0].task_id, group)
+                    passed = [held.pop(j.traj_id) for j in group] if out.stream else []
+                    out.write_group(group[0].task_id, [*passed, *group])
                     if opts.mode == "unit-tests":
                         for key, value in unit_test_counts(group, outcomes).items():
                             tests[key] = tests.get(key, 0) + value

@@ -271,3 +271,52 @@ def rewrite_messages(description: str, spec: dict, acc: float, direction: str,
                                critiques=critiques, direction=direction,
                                advice=_ADVICE[direction])
     return [{"role": "system", "content": REWRITE_SYSTEM}, {"role": "user", "content": user}]
+
+
+EDIT_USER = """## The task
+{description}
+
+## How the agent does
+It solved this task in {acc:.0%} of its attempts, so the task is too {state}.
+What a reviewer saw in the agent's attempts:
+{critiques}
+
+## Possible edits (each makes the task a little {direction})
+{edits}
+
+Pick the edit that best fits what the reviewer saw. {advice}
+Answer with the edit's number only."""
+
+
+def edit_messages(description: str, acc: float, direction: str, critiques: str,
+                  edits: list[str]) -> list[dict]:
+    """The prompt of `adapt-tasks --rewrite edits`: the task, the critique summary and the
+    env's numbered edits; the answer is decoded as one of the numbers (`edit_choices`)."""
+    listed = "\n".join(f"{k}. {e}" for k, e in enumerate(edits, 1))
+    user = EDIT_USER.format(description=clip(description), acc=acc, critiques=critiques,
+                            state="easy" if direction == "harder" else "hard",
+                            direction=direction, edits=listed, advice=_ADVICE[direction])
+    return [{"role": "system", "content": REWRITE_SYSTEM}, {"role": "user", "content": user}]
+
+
+def edit_choices(count: int) -> tuple[str, ...]:
+    return tuple(str(k) for k in range(1, count + 1))
+
+
+SUMMARY_SYSTEM = "You summarize reviews of an AI agent's work, briefly and concretely."
+
+SUMMARY_USER = """A reviewer judged the steps of an AI agent on this task:
+{description}
+
+The reviewer's critiques:
+{critiques}
+
+In at most three short sentences, say what the agent does wrong or right, most common \
+first. Do not repeat the task."""
+
+
+def summary_messages(description: str, critiques: str) -> list[dict]:
+    """`adapt-tasks --summary model`: the model condenses the extracted critiques (the
+    paper's summarized critic) before the rewrite prompt reads them."""
+    user = SUMMARY_USER.format(description=clip(description, 1500), critiques=critiques)
+    return [{"role": "system", "content": SUMMARY_SYSTEM}, {"role": "user", "content": user}]

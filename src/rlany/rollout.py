@@ -205,8 +205,8 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     """Read tasks, roll out (resuming a partial output), write trajectories + sidecar."""
     from rlany import envs
     from rlany.console import info, progress
-    from rlany.jsonl import ResumableJsonl, output_lock, write_meta
-    from rlany.stageio import GEN_VERSIONS, begin_generation, engine_flags
+    from rlany.jsonl import ResumableJsonl, write_meta
+    from rlany.stageio import GEN_VERSIONS, begin_generation, engine_flags, output_lock
 
     started = time.time()
     tasks, reader, engine = begin_generation(opts, {"--output": opts.output}, engine)

@@ -49,8 +49,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlany.errors import RlanyError
-from rlany.judge import MODES
 from rlany.options import opt
+from rlany.pairing import groups, paired
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
 
 EPS_STD = 1e-8  # below this a group's rewards are treated as all equal
@@ -107,73 +107,8 @@ def score_stream(trajectories: Iterable[tuple[str, Trajectory]],
                  judgments: Iterable[tuple[str, Judgment]] | None,
                  opts: ScoreOptions) -> Iterator[tuple[list[Scored], TaskStats]]:
     """Yield (scored trajectories, task stats) for each task group, in input order."""
-    for group in _groups(_paired(trajectories, judgments)):
+    for group in groups(paired(trajectories, judgments)):
         yield score_group(group, opts)
-
-
-def _paired(trajectories: Iterable[tuple[str, Trajectory]],
-            judgments: Iterable[tuple[str, Judgment]] | None
-            ) -> Iterator[tuple[str, Trajectory, Judgment | None]]:
-    if judgments is None:
-        for where, traj in trajectories:
-            yield where, traj, None
-        return
-    judged = iter(judgments)
-    for where, traj in trajectories:
-        nxt = next(judged, None)
-        if nxt is None:
-            raise RlanyError(f"no judgment for trajectory '{traj.traj_id}': the judgments "
-                             "file ended early", where=where)
-        jwhere, judgment = nxt
-        if judgment.traj_id != traj.traj_id:
-            raise RlanyError(f"judgment is for '{judgment.traj_id}' but the trajectory at "
-                             f"this position is '{traj.traj_id}' ({where})", where=jwhere,
-                             hint="judgments must be in the order of the trajectories file")
-        _check_judgment(judgment, traj, jwhere)
-        yield where, traj, judgment
-    extra = next(judged, None)
-    if extra is not None:
-        raise RlanyError(f"judgment for '{extra[1].traj_id}' has no trajectory", where=extra[0])
-
-
-def _check_judgment(judgment: Judgment, traj: Trajectory, where: str) -> None:
-    indices = [s.step for s in judgment.steps]
-    if indices != list(range(len(traj.steps))):
-        raise RlanyError(f"judgment covers steps {indices} but the trajectory has "
-                         f"{len(traj.steps)} steps", where=where)
-    if judgment.mode not in MODES:
-        raise RlanyError(f"mode must be one of {', '.join(MODES)}, got '{judgment.mode}'",
-                         where=where)
-    for s in judgment.steps:
-        if not s.samples:
-            raise RlanyError(f"step {s.step} has no judge samples", where=where)
-        for sample in s.samples:
-            if sample.score not in (-1, 0, 1):
-                raise RlanyError(f"step {s.step}: score must be -1, 0 or +1, got "
-                                 f"{sample.score}", where=where)
-
-
-def _groups(items: Iterable[tuple[str, Trajectory, Judgment | None]]
-            ) -> Iterator[list[tuple[str, Trajectory, Judgment | None]]]:
-    seen: set[str] = set()
-    group: list[tuple[str, Trajectory, Judgment | None]] = []
-    for item in items:
-        where, traj, _ = item
-        if traj.outcome not in (-1, 1):
-            raise RlanyError(f"outcome must be -1 or +1, got {traj.outcome}", where=where)
-        if group and traj.task_id != group[0][1].task_id:
-            yield group
-            group = []
-        if not group:
-            if traj.task_id in seen:
-                raise RlanyError(f"task '{traj.task_id}' appears again after other tasks; "
-                                 "the samples of one task must be consecutive", where=where)
-            seen.add(traj.task_id)
-        elif any(traj.traj_id == g[1].traj_id for g in group):
-            raise RlanyError(f"duplicate trajectory '{traj.traj_id}'", where=where)
-        group.append(item)
-    if group:
-        yield group
 
 
 def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
@@ -346,7 +281,11 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
     stats = opts.stats_path
     paths = prepare_paths({"--input": opts.input, "--judgments": opts.judgments},
                           {"--output": opts.output, "--stats": stats})
-    traj_reader = JsonlReader(paths["--input"], Trajectory, "trajectories", name=opts.input)
+    # without --judgments the input may be `judge -o -`'s stream: each task's trajectories,
+    # then their judgments (a plain trajectories file is that stream with no judgments)
+    traj_reader = JsonlReader(paths["--input"], Trajectory if opts.judgments else
+                              {"trajectories": Trajectory, "judgments": Judgment},
+                              "trajectories", name=opts.input)
     judge_reader = (JsonlReader(paths["--judgments"], Judgment, "judgments",
                                 name=opts.judgments) if opts.judgments else None)
     counts = {"tasks": 0, "pool_tasks": 0, "candidate_tasks": 0, "trajectories": 0,

@@ -1,16 +1,28 @@
 """File plumbing shared by the stage drivers: inputs checked and read once, the engine
 started from a stage's options, and the sidecar helpers. The stage modules hold the logic;
 this module holds no math and no stage-specific rule.
+
+* `check_paths` refuses an output that would overwrite an input; `spool_input` copies stdin
+  (or a named pipe) to a temp file, for a stage that reads its input twice; `output_lock`
+  keeps two processes from writing one output.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rlany.console import info
-from rlany.errors import RlanyError
+from rlany.errors import RlanyError, UsageError
 from rlany.jsonl import JsonlReader
 
 GEN_VERSIONS = ("vllm", "torch", "transformers")
@@ -20,10 +32,8 @@ def prepare_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]
                   ) -> dict[str, str | None]:
     """Refuse outputs that name an input (or each other), then spool `-`, FIFOs and process
     substitutions once into temp files. Returns the readable path of each input."""
-    from rlany import jsonl
-
-    jsonl.check_paths(inputs, outputs)
-    return {k: (jsonl.spool_input(v)[0] if v else v) for k, v in inputs.items()}
+    check_paths(inputs, outputs)
+    return {k: (spool_input(v)[0] if v else v) for k, v in inputs.items()}
 
 
 def begin_generation(opts: Any, outputs: dict[str, str | None], engine: Any = None,
@@ -107,3 +117,74 @@ def engine_flags(opts: Any, engine: Any) -> dict:
     if choice:
         flags["engine_resolved"] = choice
     return flags
+
+
+def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
+    """Usage errors before anything is read or written: an output that names an input
+    file (writing it would destroy the input), two outputs naming one file, or more than
+    one input or output on stdin/stdout. Keys are the flags, for the message."""
+    def real(p: str) -> str:
+        return os.path.realpath(p)
+
+    for group, what in ((inputs, "stdin"), (outputs, "stdout")):
+        dashes = [flag for flag, p in group.items() if p == "-"]
+        if len(dashes) > 1:
+            raise UsageError(f"{' and '.join(dashes)} both use {what} (-); at most one can")
+    seen: dict[str, str] = {}
+    for flag, p in inputs.items():
+        if p and p != "-":
+            seen.setdefault(real(p), flag)
+    for flag, p in outputs.items():
+        if not p or p == "-":
+            continue
+        if real(p) in seen:
+            raise UsageError(f"{flag} {p} is also {seen[real(p)]}: writing it would destroy "
+                             "that file; choose another output")
+        seen[real(p)] = flag
+
+
+def spool_input(path: str) -> tuple[str, str]:
+    """(a path that can be read more than once, the name to show): stdin (`-`) and named
+    pipes are copied to a temp file, removed when the process exits; a plain file is
+    returned as it is."""
+    if path != "-":
+        try:
+            if not stat.S_ISFIFO(os.stat(path).st_mode):
+                return path, path
+        except OSError:
+            return path, path  # the reader reports a missing file with its name
+    import atexit
+
+    fd, tmp = tempfile.mkstemp(prefix="rlany-stdin.", suffix=".jsonl")
+    with os.fdopen(fd, "wb") as f:
+        if path == "-":
+            shutil.copyfileobj(sys.stdin.buffer, f)
+        else:
+            with open(path, "rb") as src:
+                shutil.copyfileobj(src, f)
+    atexit.register(lambda: Path(tmp).unlink(missing_ok=True))
+    return tmp, path
+
+
+@contextlib.contextmanager
+def output_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` while a stage writes it (a `.X.lock` file beside
+    it, flock: released by the kernel when the process dies, so a killed stage never
+    leaves a stale lock). A second writer fails at once instead of interleaving."""
+    if str(path) == "-":
+        yield
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.with_name(f".{target.name}.lock")
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RlanyError("another rlany process is writing this output; wait for it "
+                             "or stop it", where=str(path)) from None
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

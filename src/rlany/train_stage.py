@@ -80,10 +80,10 @@ def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = i
         model=None) -> dict:
     """Train the policy ('policy') or the reward model ('rm'); write the checkpoint."""
     from rlany.compat import resolve_dtype
-    from rlany.jsonl import JsonlReader, output_lock, write_text_atomic
+    from rlany.jsonl import JsonlReader, write_text_atomic
     from rlany.models import resolve_model
     from rlany.records import Scored
-    from rlany.stageio import check_adapter, prepare_paths, sha256_file
+    from rlany.stageio import check_adapter, output_lock, prepare_paths, sha256_file
     from rlany.train import load_model, policy_samples, rm_samples, tokenize, train
 
     started = time.time()

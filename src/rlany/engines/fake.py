@@ -25,6 +25,8 @@ from rlany.chat import text_of
 from rlany.engines import Completion, EngineStats, Request, Result
 from rlany.errors import RlanyError
 
+SCRIPT_NAME = "fake_script.json"
+
 
 class FakeEngine:
     name = "fake"
@@ -54,8 +56,11 @@ class FakeEngine:
 
     @classmethod
     def from_file(cls, path: str, seed: int = 0) -> FakeEngine:
+        """A script file, or a directory holding `fake_script.json` (e.g. a tiny model's
+        directory: one `--model` then serves the fake engine and the trainer)."""
+        file = Path(path) / SCRIPT_NAME if Path(path).is_dir() else Path(path)
         try:
-            script = json.loads(Path(path).read_text())
+            script = json.loads(file.read_text())
         except (OSError, ValueError) as e:
             raise RlanyError(f"cannot read fake engine script: {e}", where=path) from None
         rules = [{"responses": script}] if isinstance(script, list) else script.get("rules")

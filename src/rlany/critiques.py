@@ -1,0 +1,62 @@
+"""The critique summary that `adapt-tasks` hands its rewriter: extracted from the reward
+model's judgments of a task's trajectories, optionally condensed by the model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rlany.engines import Engine, Request, Sampling
+from rlany.prompts import clip, summary_messages
+from rlany.records import Judgment
+
+NONE = "(no critiques)"
+
+
+def critique_summary(judgments: Iterable[Judgment], limit: int) -> str:
+    """Extractive summary: critiques of steps judged bad first, near-duplicates dropped."""
+    from rapidfuzz import fuzz
+
+    bad, other = [], []
+    for j in judgments:
+        for step in j.steps:
+            for s in step.samples:
+                text = s.text.strip()
+                if text:
+                    (bad if s.score == -1 else other).append(text)
+    chosen: list[str] = []
+    for text in bad + other:
+        if len(chosen) == limit:
+            break
+        if all(fuzz.ratio(text, c) < 90 for c in chosen):
+            chosen.append(text)
+    return "\n".join(f"- {clip(c, 400)}" for c in chosen) or NONE
+
+
+def collect_critiques(judgments: str, task_ids: set[str], limit: int,
+                      name: str | None = None) -> dict[str, str]:
+    """Critique summaries of the given tasks, streaming the judgments file once."""
+    from rlany.jsonl import JsonlReader
+
+    grouped: dict[str, list] = {}
+    for _, j in JsonlReader(judgments, Judgment, "judgments", name=name):
+        if j.task_id in task_ids:
+            grouped.setdefault(j.task_id, []).append(j)
+    return {tid: critique_summary(js, limit) for tid, js in grouped.items()}
+
+
+def model_summaries(targets: list, envs: dict, extracted: dict[str, str], engine: Engine,
+                     max_tokens: int, adapter: str | None) -> dict[str, str]:
+    """`--summary model`: one greedy summary per task of its extracted critiques (tasks
+    without critiques keep NONE)."""
+    asked = [t for t, _ in targets if extracted[t.task_id] != NONE]
+    requests = [Request(messages=summary_messages(envs[t.task_id].describe(t),
+                                                  extracted[t.task_id]),
+                        sampling=Sampling(max_tokens=min(max_tokens, 160),
+                                          temperature=0.0), adapter=adapter)
+                for t in asked]
+    out = dict(extracted)
+    for t, result in zip(asked, engine.generate(requests) if requests else []):
+        text = result.completions[0].text.strip()
+        if text:
+            out[t.task_id] = clip(text, 800)
+    return out
