@@ -35,7 +35,7 @@ def main() -> dict:
     tasks = make_tasks(8, seed=0, receptacles=3, distractors=1, kinds="pick_and_place",
                        max_steps=6)   # episodes are cut at 3 turns by the rollout below
     sampling = Sampling(max_tokens=48, temperature=0.8)
-    opts = RolloutOptions(n=4, max_steps=3, history_turns=2, sampling=sampling)
+    opts = RolloutOptions(n=4, max_steps=3, history_turns=2, max_tokens=48, temperature=0.8)
     engine.generate([Request([{"role": "user", "content": "warm up"}], sampling)])
 
     fresh = engine.llm.reset_prefix_cache
@@ -61,7 +61,9 @@ def main() -> dict:
     prompt_raw = engine.stats.prompt_tokens - p0
     rollout_ratio = (tok_stage / t_stage) / (tok_raw / t_raw)
 
-    jopts = JudgeOptions(m=3, sampling=Sampling(max_tokens=48, temperature=0.8))
+    # free verdicts: the raw replay below is one generate call, as free judging is (the
+    # constrained verdict's second phase has no raw counterpart to compare with)
+    jopts = JudgeOptions(m=3, max_tokens=48, temperature=0.8, verdict="free")
     fresh()
     t0, s0 = time.perf_counter(), engine.stats.completion_tokens
     list(judge(trajs, engine, jopts))

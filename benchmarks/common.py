@@ -9,7 +9,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-RESULTS = Path(os.environ.get("RLANY_BENCH_DIR", "bench-results"))
+RESULTS = Path(os.environ.get("RLANY_BENCH_DIR", "benchmarks/results"))
 
 
 def machine() -> dict:
@@ -19,7 +19,9 @@ def machine() -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
+    from rlany.compat import machine_profile
     return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "profile": machine_profile(),
             "python": platform.python_version(), "versions": versions,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 FAST = ["bench_score", "bench_sandbox"]
-SLOW = ["bench_training", "bench_generation", "bench_loop"]
+SLOW = ["bench_training", "bench_generation", "bench_engines", "bench_loop"]
 
 
 def main() -> None:

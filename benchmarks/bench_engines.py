@@ -1,0 +1,82 @@
+"""Which engine `--engine auto` should pick on this machine: tokens/s of a household rollout
+(constrained actions, the demo's settings) with hf and vllm, with the base model and with a
+LoRA adapter (a loop samples with adapters from its second iteration on). SmolLM2-135M.
+Run alone: two torch processes on 2 cores slow each other down ~7x.
+
+    python benchmarks/bench_engines.py        # -> benchmarks/results/engines.json
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import save  # noqa: E402
+
+
+def lora_adapter(base: str, out: Path) -> str:
+    """A rank-16 LoRA on q/v with non-zero weights (the demo's adapter shape)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(
+        r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.save_pretrained(out)
+    return str(out)
+
+
+def measure(kind: str, base: str, adapter: str | None, tasks) -> dict:
+    from rlany import envs
+    from rlany.engines import EngineConfig, make_engine
+    from rlany.rollout import RolloutOptions, rollout
+
+    engine = make_engine(EngineConfig(kind=kind, model=base, max_model_len=2048,
+                                      max_lora_rank=16))
+    opts = RolloutOptions(n=4, max_steps=3, max_tokens=16, temperature=1.0, history_turns=2,
+                          constrain_actions=True, adapter=adapter)
+    list(rollout(tasks[:1], engine, envs.make_env, opts, {}))  # warm-up (and adapter load)
+    t0, tok0 = time.perf_counter(), engine.stats.completion_tokens
+    trajs = [t for g in rollout(tasks[1:], engine, envs.make_env, opts, {}) for t in g]
+    seconds, tokens = time.perf_counter() - t0, engine.stats.completion_tokens - tok0
+    engine.close()
+    del engine
+    gc.collect()
+    return {"engine": kind, "adapter": adapter is not None, "trajectories": len(trajs),
+            "tokens": tokens, "seconds": round(seconds, 2),
+            "tokens_per_s": round(tokens / seconds, 1)}
+
+
+def main() -> dict:
+    from rlany.compat import configure_vllm_cpu_env
+    from rlany.engines import resolve_engine
+    from rlany.envs.household import make_tasks
+    from rlany.models import resolve_model
+
+    configure_vllm_cpu_env()
+    base = resolve_model("smollm2")
+    tasks = make_tasks(5, seed=0, receptacles=3, distractors=1, max_steps=4)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter = lora_adapter(base, Path(tmp) / "lora")
+        for kind in ("hf", "vllm"):
+            for ad in (None, adapter):
+                rows.append(measure(kind, base, ad, tasks))
+                print(rows[-1], file=sys.stderr, flush=True)
+    speed = {(r["engine"], r["adapter"]): r["tokens_per_s"] for r in rows}
+    faster = "hf" if speed[("hf", True)] >= speed[("vllm", True)] else "vllm"
+    picked = resolve_engine("auto")
+    return {"metric": "household rollout tokens/s (constrained actions, 4 tasks x 4, 3 turns)",
+            "rows": rows, "faster_with_adapter": faster, "auto_picks": picked[0],
+            "auto_reason": picked[1], "met": picked[0] == faster,
+            "note": "run alone on the machine"}
+
+
+if __name__ == "__main__":
+    result = main()
+    print(save("engines", result))
