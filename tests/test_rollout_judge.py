@@ -275,3 +275,14 @@ def test_cli_rollout_and_judge_read_stdin(tmp_path, cli):
             str(pol), stdin=(tmp_path / "t.jsonl").read_text())
     assert r.returncode == 0, r.stderr
     assert len(read_jsonl(tmp_path / "j.jsonl")) == 6
+
+
+def test_wilson_interval_matches_known_values():
+    from rlany.evaluate import wilson_interval
+
+    assert wilson_interval(0, 0) is None
+    lo, hi = wilson_interval(6, 32)          # the demo's base: 0.188
+    assert lo == pytest.approx(0.0889, abs=1e-3) and hi == pytest.approx(0.3532, abs=1e-3)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+    lo, hi = wilson_interval(50, 100)
+    assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)

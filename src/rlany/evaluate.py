@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from math import comb
+from math import comb, sqrt
 from statistics import fmean
 
 from rlany.errors import RlanyError
@@ -97,6 +97,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float] | None:
+    """The 95% Wilson score interval of a success rate (sound at small n and at 0 or n
+    successes, unlike the normal approximation). Episodes of one task are correlated, so
+    for few tasks this is optimistic; it is the noise floor a gain must clear."""
+    if n == 0:
+        return None
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
 def policy_metrics(groups: list[list[Trajectory]], ks: list[int]) -> dict:
     flat = [t for g in groups for t in g]
     per_task = []
@@ -107,6 +119,7 @@ def policy_metrics(groups: list[list[Trajectory]], ks: list[int]) -> dict:
     return {
         "tasks": len(groups), "trajectories": len(flat),
         "success_rate": fmean(t.outcome == 1 for t in flat) if flat else 0.0,
+        "success_ci95": wilson_interval(sum(t.outcome == 1 for t in flat), len(flat)),
         **{f"pass@{k}": fmean(p[f"pass@{k}"] for p in per_task) if per_task else 0.0
            for k in ks},
         "mean_steps": fmean(len(t.steps) for t in flat) if flat else 0.0,
@@ -193,7 +206,9 @@ def run(opts: EvalOptions, engine=None) -> dict:
                counts={k: v for k, v in summary.items() if k != "per_task"}, started=started,
                versions=GEN_VERSIONS)
     acc = summary.get("judge_step_accuracy")
-    info(f"eval: success {summary['success_rate']:.3f} over {summary['trajectories']} "
+    ci = summary["success_ci95"] or [0.0, 0.0]
+    info(f"eval: success {summary['success_rate']:.3f} (95% {ci[0]:.2f}-{ci[1]:.2f}) over "
+         f"{summary['trajectories']} "
          f"trajectories of {summary['tasks']} tasks, "
          + ", ".join(f"pass@{k} {summary[f'pass@{k}']:.3f}" for k in opts.k)
          + (f", judge step accuracy {acc:.3f}" if acc is not None else "")

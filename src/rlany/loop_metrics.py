@@ -45,6 +45,7 @@ def collect_metrics(d: Path) -> dict:
         "policy_kl": ckpt("policy").get("kl"),
         "rm_loss": ckpt("rm").get("loss"),
         "eval_success": evaluation.get("success_rate"),
+        "eval_success_ci95": evaluation.get("success_ci95"),
         "eval_pass": {k: v for k, v in evaluation.items() if k.startswith("pass@")},
         "eval_judge_step_accuracy": evaluation.get("judge_step_accuracy"),
         "eval_judge_parse_fail_rate": evaluation.get("judge_parse_fail_rate"),
