@@ -212,3 +212,44 @@ def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tmp_pa
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-4, abs=1e-6)
         assert x["tokens"] == y["tokens"]
+
+
+def test_an_adapter_that_does_not_reach_the_engine_is_caught(tiny_model, tmp_path):
+    """The trainer saves a probe (rlany.json); the hf engine scores it when it loads the
+    adapter: the trained adapter passes, the same adapter with zeroed weights (the base
+    model in disguise) and an adapter whose probe came from another model are refused."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from rlany.engines import EngineConfig, Request, Sampling
+    from rlany.engines.hf import HfEngine
+    from rlany.errors import RlanyError
+
+    _train(tiny_model, tmp_path, "good", micro_batch=2, grad_accum=1)
+    good = tmp_path / "good"
+    probe = json.loads((good / "rlany.json").read_text())["probe"]
+    assert len(probe["logprobs"]) == len(probe["response_ids"]) > 3
+    request = Request([{"role": "user", "content": "hi"}], Sampling(max_tokens=2),
+                      adapter=str(good))
+    engine = HfEngine(EngineConfig(kind="hf", model=tiny_model, dtype="float32"))
+    engine.generate([request])
+    (checked,) = engine.adapter_checks
+    assert checked["status"] == "ok" and checked["to_trained"] < 1e-2, checked
+
+    zeroed = tmp_path / "zeroed"
+    shutil.copytree(good, zeroed)
+    weights = load_file(zeroed / "adapter_model.safetensors")
+    save_file({k: v * 0 for k, v in weights.items()}, zeroed / "adapter_model.safetensors")
+    for _ in range(2):  # refused again on the next use, not silently kept
+        with pytest.raises(RlanyError, match="did not reach the engine"):
+            engine.generate([Request(request.messages, request.sampling, adapter=str(zeroed))])
+    engine.generate([request])   # the good one still serves
+
+    other = tmp_path / "other"
+    shutil.copytree(good, other)
+    meta = json.loads((other / "rlany.json").read_text())
+    meta["probe"]["logprobs"] = [x - 1.0 for x in meta["probe"]["logprobs"]]
+    (other / "rlany.json").write_text(json.dumps(meta))
+    with pytest.raises(RlanyError, match="did not reach the engine"):
+        engine.generate([Request(request.messages, request.sampling, adapter=str(other))])

@@ -170,7 +170,7 @@ def run(opts: EvalOptions, engine=None) -> dict:
     from rlany.jsonl import AtomicJsonl, write_meta, write_text_atomic
     from rlany.judge import judge, unit_test_counts
     from rlany.rollout import rollout
-    from rlany.stageio import GEN_VERSIONS, begin_generation, engine_flags
+    from rlany.stageio import GEN_VERSIONS, adapter_checks, begin_generation, engine_flags
 
     started = time.time()
     tasks, reader, engine = begin_generation(
@@ -196,6 +196,7 @@ def run(opts: EvalOptions, engine=None) -> dict:
             for g in judged_groups:
                 for key, value in unit_test_counts(g, outcomes).items():
                     summary[f"judge_{key}"] = summary.get(f"judge_{key}", 0) + value
+    summary.update(adapter_checks(engine))
     summary["wall_time_s"] = round(time.time() - started, 3)
     text = json.dumps(summary, indent=2) + "\n"
     if opts.output == "-":

@@ -317,6 +317,8 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
 
 def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: int, engine,
                   tokens0: int, secs0: float) -> dict:
+    from rlany.stageio import adapter_checks
+
     total = sum(verdicts.values())
     readable = verdicts[1] + verdicts[-1]
     return {"judgments": judgments, "verdicts": total, "positive": verdicts[1],
@@ -324,7 +326,8 @@ def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: in
             "parse_fail_rate": verdicts[0] / total if total else 0.0,
             "positive_share": verdicts[1] / readable if readable else None,
             "completion_tokens": engine.stats.completion_tokens - tokens0,
-            "generate_seconds": round(engine.stats.seconds - secs0, 3), **tests}
+            "generate_seconds": round(engine.stats.seconds - secs0, 3), **tests,
+            **adapter_checks(engine)}
 
 
 def _pct(x: float | None) -> str:

@@ -206,7 +206,13 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     from rlany import envs
     from rlany.console import info, progress
     from rlany.jsonl import ResumableJsonl, write_meta
-    from rlany.stageio import GEN_VERSIONS, begin_generation, engine_flags, output_lock
+    from rlany.stageio import (
+        GEN_VERSIONS,
+        adapter_checks,
+        begin_generation,
+        engine_flags,
+        output_lock,
+    )
 
     started = time.time()
     tasks, reader, engine = begin_generation(opts, {"--output": opts.output}, engine)
@@ -234,7 +240,8 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     tokens, seconds = stats.completion_tokens - tokens0, stats.seconds - secs0
     counts = {"tasks": len(tasks), "trajectories": out.count, "new_trajectories": total,
               "success_rate": successes / max(total, 1), "completion_tokens": tokens,
-              "generate_calls": stats.calls - calls0, "generate_seconds": round(seconds, 3)}
+              "generate_calls": stats.calls - calls0, "generate_seconds": round(seconds, 3),
+              **adapter_checks(engine)}
     write_meta(opts.output, stage="rollout", flags=flags, inputs=[reader], counts=counts,
                started=started, versions=GEN_VERSIONS)
     info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/{total}; "

@@ -107,6 +107,12 @@ def start_engine(opts: Any):
     return engine
 
 
+def adapter_checks(engine: Any) -> dict:
+    """The sidecar's record of the adapter probes the engine ran (rlany.probe), if any."""
+    checks = getattr(engine, "adapter_checks", None)
+    return {"adapter_checks": list(checks)} if checks else {}
+
+
 def engine_flags(opts: Any, engine: Any) -> dict:
     """The sidecar's `flags`: every option, the resolved model and the engine choice."""
     from dataclasses import asdict

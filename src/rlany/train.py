@@ -251,8 +251,11 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
     summary["seconds"] = round(time.perf_counter() - started, 1)
     weights = acc.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the shards
     if acc.is_main_process:
-        state.save_final(acc.unwrap_model(model), weights, tokenizer, output,
-                    {**meta, "metrics": summary, "options": asdict(opts)})
+        from rlany.probe import record
+        final = acc.unwrap_model(model)
+        state.save_final(final, weights, tokenizer, output,
+                         {**meta, "metrics": summary, "options": asdict(opts),
+                          "probe": record(final, tokenizer)})
         shutil.rmtree(partial, ignore_errors=True)
     acc.wait_for_everyone()
     return summary

@@ -1,0 +1,90 @@
+"""Does a LoRA adapter reach the engine? A fixed probe, scored at training time and again
+when an engine loads the adapter.
+
+The trainer records the log-probs of a fixed response to a fixed prompt under the trained
+model and under the base model (`rlany.json`, key `probe`). An engine that loads the
+adapter scores the same ids; the adapter counts as loaded when its log-probs are closer to
+the trained model's than to the base model's and within max(0.1, half the trained-vs-base
+distance) of them (mean absolute difference per token: dtype and kernel differences stay
+well under that). A zeroed adapter, an adapter silently not applied, or an adapter of
+another base model fail the check; an adapter that barely moved from the base model
+(distance under 1e-3) cannot be told apart and is reported as `indeterminate`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlany.errors import RlanyError
+
+PROBE_MESSAGES = [{"role": "user", "content": "Name three things you can find in a kitchen."}]
+PROBE_RESPONSE = "A fridge, a sink and a stove."
+MIN_GAP = 1e-3
+
+
+def probe_ids(tokenizer) -> tuple[list[int], list[int]]:
+    from rlany.chat import render
+
+    prompt = render(tokenizer, PROBE_MESSAGES)
+    return prompt, tokenizer(PROBE_RESPONSE, add_special_tokens=False)["input_ids"]
+
+
+def forward_logprobs(net, prompt: list[int], response: list[int]) -> list[float]:
+    import torch
+
+    device = next(net.parameters()).device
+    with torch.no_grad():
+        logits = net(torch.tensor([prompt + response], device=device)).logits
+        logits = logits[0, len(prompt) - 1:-1].float()
+    ids = torch.tensor(response, device=device)[:, None]
+    return torch.log_softmax(logits, -1).gather(-1, ids)[:, 0].tolist()
+
+
+def record(model, tokenizer) -> dict | None:
+    """The probe of a trained PEFT model (None for full fine-tuning: no base to compare)."""
+    if not hasattr(model, "disable_adapter"):
+        return None
+    was_training = model.training
+    model.eval()
+    prompt, response = probe_ids(tokenizer)
+    trained = forward_logprobs(model, prompt, response)
+    with model.disable_adapter():
+        base = forward_logprobs(model, prompt, response)
+    model.train(was_training)
+    return {"prompt_ids": prompt, "response_ids": response,
+            "logprobs": [round(x, 5) for x in trained],
+            "base_logprobs": [round(x, 5) for x in base]}
+
+
+def saved(adapter: str) -> dict | None:
+    """The probe an adapter directory's rlany.json holds, if any."""
+    meta = Path(adapter) / "rlany.json"
+    try:
+        return json.loads(meta.read_text()).get("probe")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check(probe: dict, got: list[float], adapter: str) -> dict:
+    """Compare an engine's probe log-probs with the trainer's; raise when the adapter did
+    not reach the engine. Returns what was measured (for the sidecar)."""
+    def dist(a: list[float], b: list[float]) -> float:
+        return sum(abs(x - y) for x, y in zip(a, b)) / max(len(a), 1)
+
+    if len(got) != len(probe["logprobs"]):
+        raise RlanyError("adapter probe: the engine tokenized the probe differently; is "
+                         "this adapter for this base model?", where=adapter)
+    d_trained, d_base = dist(got, probe["logprobs"]), dist(got, probe["base_logprobs"])
+    gap = dist(probe["logprobs"], probe["base_logprobs"])
+    out = {"adapter": adapter, "to_trained": round(d_trained, 5), "to_base": round(d_base, 5),
+           "trained_vs_base": round(gap, 5)}
+    if gap < MIN_GAP:
+        return {**out, "status": "indeterminate"}
+    if d_trained >= d_base or d_trained > max(0.1, gap / 2):
+        raise RlanyError(
+            f"adapter did not reach the engine: on the probe its log-probs are {d_trained:.4f} "
+            f"per token from the trainer's and {d_base:.4f} from the base model's (trained "
+            f"vs base: {gap:.4f})", where=adapter,
+            hint="a zeroed or corrupt adapter, or one trained on another base model")
+    return {**out, "status": "ok"}
