@@ -253,3 +253,18 @@ def test_an_adapter_that_does_not_reach_the_engine_is_caught(tiny_model, tmp_pat
     (other / "rlany.json").write_text(json.dumps(meta))
     with pytest.raises(RlanyError, match="did not reach the engine"):
         engine.generate([Request(request.messages, request.sampling, adapter=str(other))])
+
+
+def test_probe_check_rules():
+    from rlany.errors import RlanyError
+    from rlany.probe import check
+
+    probe = {"logprobs": [-1.0, -2.0], "base_logprobs": [-1.5, -2.5]}     # gap 0.5
+    assert check(probe, [-1.02, -2.03], "a")["status"] == "ok"            # bf16-level noise
+    for got in ([-1.5, -2.5], [-3.0, -4.0]):                             # base, or elsewhere
+        with pytest.raises(RlanyError):
+            check(probe, got, "a")
+    near = {"logprobs": [-1.0, -2.0], "base_logprobs": [-1.05, -2.05]}   # gap 0.05 < noise
+    assert check(near, [-1.05, -2.05], "a")["status"] == "indeterminate"
+    with pytest.raises(RlanyError, match="tokenized the probe differently"):
+        check(probe, [-1.0], "a")

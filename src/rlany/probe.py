@@ -7,8 +7,8 @@ adapter scores the same ids; the adapter counts as loaded when its log-probs are
 the trained model's than to the base model's and within max(0.1, half the trained-vs-base
 distance) of them (mean absolute difference per token: dtype and kernel differences stay
 well under that). A zeroed adapter, an adapter silently not applied, or an adapter of
-another base model fail the check; an adapter that barely moved from the base model
-(distance under 1e-3) cannot be told apart and is reported as `indeterminate`.
+another base model fail the check; an adapter that moved less than 0.1 per token from the
+base model cannot be told apart from dtype noise and is reported as `indeterminate`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from rlany.errors import RlanyError
 
 PROBE_MESSAGES = [{"role": "user", "content": "Name three things you can find in a kitchen."}]
 PROBE_RESPONSE = "A fridge, a sink and a stove."
-MIN_GAP = 1e-3
+# below this mean per-token distance between the trained and the base model, dtype noise
+# (bf16 against fp32: a few hundredths per token) could make a loaded adapter look unloaded
+MIN_GAP = 0.1
 
 
 def probe_ids(tokenizer) -> tuple[list[int], list[int]]:
