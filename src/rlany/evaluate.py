@@ -22,32 +22,25 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from math import comb, sqrt
 from statistics import fmean
 
 from rlany.errors import RlanyError
-from rlany.options import EngineFields, opt
+from rlany.options import opt
 from rlany.records import Judgment, Trajectory
+from rlany.rollout import EpisodeFields
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalOptions(EngineFields):
+class EvalOptions(EpisodeFields):
     input: str = opt("-", "Held-out tasks.jsonl; - for stdin (the default).", scope="io",
                      short="-i")
     output: str = opt("eval.json", "Summary JSON; - for stdout.", scope="io", short="-o")
     trajectories: str | None = opt(None, "Also write the eval trajectories here.", scope="io")
     n: int = opt(4, "Episodes per task.", min=1)
     k: tuple[int, ...] = opt((1,), "pass@k to report (each <= --n).", min=1)
-    max_steps: int = opt(1, "Turns per episode at most.", min=1)
-    max_tokens: int = opt(256, "Max new tokens per response.", min=1)
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
-    top_p: float = opt(1.0, "Nucleus sampling top-p.", min=0, max=1, min_exclusive=True)
-    batch_tasks: int = opt(16, "Tasks whose episodes step together.", min=1)
-    history_turns: int | None = opt(None, "Keep the task message plus the last K turns in the "
-                                    "prompt (default: all).", min=0)
-    constrain_actions: bool = opt(False, "Decode every response as one of the env's "
-                                  "admissible actions.")
     judge: bool = opt(False, "Also judge the eval trajectories: step accuracy against the "
                       "env's step labels, and the last step against the outcome.")
     judge_adapter: str | None = opt(None, "Reward-model adapter for the judge (implies "
@@ -71,10 +64,7 @@ class EvalOptions(EngineFields):
     def rollout_options(self):
         from rlany.rollout import RolloutOptions
 
-        same = {f: getattr(self, f) for f in (
-            "model", "engine", "adapter", "seed", "dtype", "max_model_len", "base_url",
-            "max_lora_rank", "n", "max_steps", "max_tokens", "temperature", "top_p",
-            "batch_tasks", "history_turns", "constrain_actions")}
+        same = {f.name: getattr(self, f.name) for f in fields(EpisodeFields)}
         return RolloutOptions(input=self.input, **same)
 
     def judge_options(self):

@@ -33,14 +33,16 @@ def probe_ids(tokenizer) -> tuple[list[int], list[int]]:
 
 
 def forward_logprobs(net, prompt: list[int], response: list[int]) -> list[float]:
+    """log p(response | prompt) per token, computed as the trainer computes it."""
     import torch
 
+    from rlany.losses import token_logprobs
+
     device = next(net.parameters()).device
+    ids = torch.tensor([prompt + response], device=device)
     with torch.no_grad():
-        logits = net(torch.tensor([prompt + response], device=device)).logits
-        logits = logits[0, len(prompt) - 1:-1].float()
-    ids = torch.tensor(response, device=device)[:, None]
-    return torch.log_softmax(logits, -1).gather(-1, ids)[:, 0].tolist()
+        logprobs = token_logprobs(net(ids).logits.float(), ids)
+    return logprobs[0, len(prompt) - 1:].tolist()
 
 
 def record(model, tokenizer) -> dict | None:

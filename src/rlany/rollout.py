@@ -37,12 +37,10 @@ from rlany.records import Step, Task, Trajectory, traj_id
 
 
 @dataclass(frozen=True, kw_only=True)
-class RolloutOptions(EngineFields):
-    input: str = opt("-", "tasks.jsonl; - for stdin (the default).", scope="io", short="-i")
-    output: str = opt("trajectories.jsonl", "trajectories.jsonl; - for stdout. A file resumes: "
-                      "a rerun with the same flags continues after the last complete task "
-                      "(stdout does not resume).", scope="io", short="-o")
-    iteration: int = opt(0, "Loop iteration, part of traj_id.", scope="io", min=0)
+class EpisodeFields(EngineFields):
+    """How episodes are played: the fields `rollout` and `eval` share (eval plays the
+    same episodes on held-out tasks, with its own defaults for n and temperature)."""
+
     n: int = opt(8, "Episodes per task.", min=1)
     max_steps: int = opt(1, "Turns per episode at most.", min=1)
     max_tokens: int = opt(256, "Max new tokens per response.", min=1)
@@ -54,6 +52,15 @@ class RolloutOptions(EngineFields):
     constrain_actions: bool = opt(False, "Decode every response as exactly one of the env's "
                                   "admissible actions (envs with choices(): household, "
                                   "alfworld; engines vllm, hf, fake).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutOptions(EpisodeFields):
+    input: str = opt("-", "tasks.jsonl; - for stdin (the default).", scope="io", short="-i")
+    output: str = opt("trajectories.jsonl", "trajectories.jsonl; - for stdout. A file resumes: "
+                      "a rerun with the same flags continues after the last complete task "
+                      "(stdout does not resume).", scope="io", short="-o")
+    iteration: int = opt(0, "Loop iteration, part of traj_id.", scope="io", min=0)
 
     @property
     def sampling(self) -> Sampling:
