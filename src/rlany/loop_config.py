@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlany.errors import RlanyError
 
-# the loop's own top-level keys; the run keys (model, engine, seed, ...) come from the
-# stages' options classes (scope "run")
-LOOP_KEYS: dict[str, type] = {
-    "name": str, "runs_dir": str, "iterations": int, "tasks": str, "eval_tasks": str,
-    "keep_last": int, "eval_every": int, "step_feedback": bool, "rm_training": bool,
-    "env_adaptation": bool,
-}
 # the judge settings [eval] inherits from [judge] (eval key <- judge key)
 EVAL_FROM_JUDGE = {"m": "m", "judge_max_tokens": "max_tokens",
                    "judge_temperature": "temperature", "history_steps": "history_steps",
@@ -71,6 +65,13 @@ class LoopConfig:
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)  # [stage] key -> value
     path: str = "loop.toml"
 
+    @staticmethod
+    def keys() -> dict[str, Any]:
+        """The loop's own top-level keys and their types (the fields above); the run keys
+        (model, engine, seed, ...) come from the stages' options classes (scope "run")."""
+        hints = typing.get_type_hints(LoopConfig)
+        return {k: v for k, v in hints.items() if k not in ("run", "tables", "path")}
+
     @property
     def run_dir(self) -> Path:
         return Path(self.runs_dir) / self.name
@@ -98,7 +99,7 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> LoopConfi
         raise RlanyError(f"invalid TOML: {e}", where=path) from None
     overrides = overrides or {}
     raw.update(overrides)
-    tables, run_keys = _tables(), _run_keys()
+    tables, run_keys, loop_keys = _tables(), _run_keys(), LoopConfig.keys()
     top: dict[str, Any] = {}
     run: dict[str, Any] = {}
     sections: dict[str, dict] = {}
@@ -107,13 +108,13 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> LoopConfi
             if not isinstance(value, dict):
                 raise RlanyError(f"[{key}] must be a table", where=path)
             sections[key] = dict(value)
-        elif key in LOOP_KEYS:
-            top[key] = typed(key, value, LOOP_KEYS[key], path)
+        elif key in loop_keys:
+            top[key] = typed(key, value, loop_keys[key], path)
         elif key in run_keys:
             run[key] = typed(key, value, run_keys[key], path)
         else:
             raise RlanyError(f"unknown key '{key}'", where=path,
-                             hint=f"top-level keys: {', '.join([*LOOP_KEYS, *run_keys])}; "
+                             hint=f"top-level keys: {', '.join([*loop_keys, *run_keys])}; "
                              f"tables: {', '.join(tables)}")
     for required in ("name", "tasks"):
         if required not in top:
