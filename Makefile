@@ -10,7 +10,8 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-gpu sandbox-tool test test-slow demo bench bench-all lint golden clean
+.PHONY: install install-gpu sandbox-tool test test-slow demo bench bench-all bench-learning \
+	bench-learning-reduced lint golden clean
 
 install: $(VENV)/.installed-cpu
 
@@ -68,6 +69,15 @@ bench: install
 
 bench-all: install
 	$(PY) benchmarks/run_all.py --all
+
+# Does the loop learn? policy-only and the full loop, 3 seeds each, SmolLM2-135M on the
+# household env (hours on 2 CPU cores; resumable: rerun to continue). The reduced version
+# (1 seed, 3 iterations) takes about 30 minutes. Both write benchmarks/results/learning.*
+bench-learning: install
+	$(PY) benchmarks/learning.py --readme
+
+bench-learning-reduced: install
+	$(PY) benchmarks/learning.py --reduced
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

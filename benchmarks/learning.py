@@ -1,18 +1,29 @@
-"""The ablation experiment (the paper's Table 1, at CPU scale): does each dynamic component
-help? Four runs of the same loop config per seed, each adding one component:
+"""The learning benchmark (the paper's Table 1 at CPU scale): does the loop learn, and does
+each dynamic component help? Runs of one loop config per (arm, seed), each arm adding one
+component:
 
     policy-only   outcome reward only (lambda = 0), fixed judge, fixed tasks
     +step         + integrated step feedback from the (fixed) reward model
     +rm           + reward-model training (consistency feedback)
-    +env          + environment adaptation (the full RLAnything loop)
+    full          + environment adaptation (the whole RLAnything loop)
 
-All four start from the same base model and evaluate on the same held-out tasks
-(`eval_base.json` is the base model, the first row of the table). Writes
-bench-results/learning.json and a comparison report (`rlany report`, plots + table).
+Every run evaluates the base model and then the policy every `eval_every` iterations on the
+same held-out tasks (the config's [eval]: 32 tasks x 4 episodes = 128 per evaluation).
+Success is pooled over seeds with a 95% Wilson interval; an arm's gain over the base model
+has a 95% Newcombe (hybrid score) interval, and the per-seed values are listed so the
+spread between seeds is visible. Also: the judge's step accuracy against the environment's
+step labels (arms with a judge), accepted tasks per iteration (full), seconds per run.
 
-    python benchmarks/learning.py --config examples/household/loop.toml --iterations 2 --seeds 0
-It takes a while (each run is a full loop: ~10-15 min per run on 2 CPU cores with the
-household demo config). Report what happens, whatever it is.
+Runs are the loop's own run directories (runs/learning/ARM-sSEED): a killed or interrupted
+benchmark resumes where it stopped, and `--report-only` summarizes whatever is complete.
+Writes benchmarks/results/learning.json, learning.md (the table) and learning-report/
+(`rlany report`: plots of every run); `--readme` puts the table into README.md.
+
+    python benchmarks/learning.py                       # policy-only and full, seeds 0 1 2
+    python benchmarks/learning.py --reduced             # seed 0, 3 iterations: ~30 min
+    python benchmarks/learning.py --arms +step +rm --seeds 0
+    python benchmarks/learning.py --report-only --readme
+Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
 """
 
 from __future__ import annotations
@@ -28,80 +39,179 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, save  # noqa: E402
 
-VARIANTS = {
+from rlany.evaluate import gain_interval, wilson_interval  # noqa: E402
+
+ARMS = {
     "policy-only": ["--no-step-feedback", "--no-rm-training", "--no-env-adaptation"],
     "+step": ["--step-feedback", "--no-rm-training", "--no-env-adaptation"],
     "+rm": ["--step-feedback", "--rm-training", "--no-env-adaptation"],
-    "+env": ["--step-feedback", "--rm-training", "--env-adaptation"],
+    "full": ["--step-feedback", "--rm-training", "--env-adaptation"],
 }
-
-
-def run_loop(config: str, name: str, iterations: int, seed: int, flags: list[str],
-             runs_dir: str) -> float:
+def run_loop(config: str, name: str, seed: int, flags: list[str], runs_dir: str,
+             sets: list[str]) -> None:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "rlany", "loop", config, "--name", name, "--iterations",
-           str(iterations), "--seed", str(seed), "--runs-dir", runs_dir, *flags]
+    cmd = [sys.executable, "-m", "rlany", "loop", config, "--name", name, "--seed", str(seed),
+           "--runs-dir", runs_dir, *flags, *[a for s in sets for a in ("--set", s)]]
     print("$ " + " ".join(cmd[2:]), file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env)
-    if r.returncode != 0:
-        raise SystemExit(f"the {name} run failed (exit {r.returncode}); rerun to resume it")
-    return time.perf_counter() - t0
+    if subprocess.run(cmd, env=env).returncode != 0:
+        raise SystemExit(f"the {name} run failed; rerun the benchmark to resume it")
 
 
-def summarize(run: Path, iterations: int) -> dict:
-    base = json.loads((run / "eval_base.json").read_text())
-    last = json.loads((run / f"iter_{iterations - 1:03d}" / "eval.json").read_text())
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+def _eval(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    e = json.loads(path.read_text())
+    n = e["trajectories"]
+    return {"successes": round(e["success_rate"] * n), "episodes": n,
+            "success": e["success_rate"], "judge_step_accuracy": e.get("judge_step_accuracy")}
 
-    def pick(e: dict) -> dict:
-        return {k: e.get(k) for k in ("success_rate", "pass@1", "pass@4", "mean_steps",
-                                      "judge_step_accuracy", "judge_outcome_agreement",
-                                      "judge_parse_fail_rate")}
-    return {"base": pick(base), "final": pick(last),
-            "accepted_tasks": sum(m.get("accepted_tasks", 0) or 0 for m in metrics),
-            "train_acc": [m.get("train_acc") for m in metrics]}
+
+def summarize_run(run: Path) -> dict | None:
+    """Base and latest evaluation, the curve, and the loop's per-iteration metrics."""
+    base = _eval(run / "eval_base.json")
+    if base is None:
+        return None
+    curve = [{"iteration": -1, **base}]
+    for it_dir in sorted(run.glob("iter_*")):
+        e = _eval(it_dir / "eval.json")
+        if e:
+            curve.append({"iteration": int(it_dir.name[5:]), **e})
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+               ] if (run / "metrics.jsonl").exists() else []
+    return {"run": str(run), "iterations_done": len(metrics), "base": base, "final": curve[-1],
+            "curve": curve, "train_acc": [m.get("train_acc") for m in metrics],
+            "accepted_tasks": [m.get("accepted_tasks") or 0 for m in metrics],
+            "seconds": round(sum(sum((m.get("seconds") or {}).values()) for m in metrics), 1)}
+
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262}  # Student's t, 97.5th percentile, by degrees of freedom
+
+
+def _t_interval(values: list[float]) -> list[float] | None:
+    """95% t-interval of the mean over seeds (the spread between seeds, which the pooled
+    Wilson interval does not see); None below 2 seeds."""
+    n = len(values)
+    if n < 2:
+        return None
+    m = sum(values) / n
+    sd = (sum((v - m) ** 2 for v in values) / (n - 1)) ** 0.5
+    half = T975.get(n - 1, 1.96) * sd / n ** 0.5
+    return [round(m - half, 4), round(m + half, 4)]
+
+
+def arm_summary(runs: list[dict]) -> dict:
+    """Pooled over seeds: base and final success with Wilson intervals, the gain with a
+    Newcombe interval, judge step accuracy base -> final (mean over seeds)."""
+    kb = sum(r["base"]["successes"] for r in runs)
+    nb = sum(r["base"]["episodes"] for r in runs)
+    kf = sum(r["final"]["successes"] for r in runs)
+    nf = sum(r["final"]["episodes"] for r in runs)
+
+    gains = [r["final"]["success"] - r["base"]["success"] for r in runs]
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+    return {"seeds": len(runs), "base": kb / nb, "base_ci95": wilson_interval(kb, nb),
+            "final": kf / nf, "final_ci95": wilson_interval(kf, nf), "episodes": nf,
+            "gain": kf / nf - kb / nb, "gain_ci95": gain_interval(kf, nf, kb, nb),
+            "per_seed": [round(r["final"]["success"], 3) for r in runs],
+            "gain_per_seed": [round(g, 3) for g in gains],
+            "gain_seeds_t95": _t_interval(gains),
+            "iterations": [r["final"]["iteration"] + 1 for r in runs],
+            "judge_step_accuracy": [mean(r["base"]["judge_step_accuracy"] for r in runs),
+                                    mean(r["final"]["judge_step_accuracy"] for r in runs)],
+            "accepted_tasks": [r["accepted_tasks"] for r in runs],
+            "minutes_per_run": mean(r["seconds"] / 60 for r in runs)}
+
+
+def table(arms: dict) -> str:
+    def ci(lo_hi):
+        return f"{lo_hi[0]:.2f}-{lo_hi[1]:.2f}"
+
+    def num(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    def seeds_t(t):
+        return "" if t is None else f" ({t[0]:+.2f} to {t[1]:+.2f})"
+    lines = ["| arm | seeds | iterations | base success (95%) | final success (95%) | gain "
+             "(95%, pooled) | gain per seed (95% t over seeds) | final per seed | judge step "
+             "acc. | accepted tasks | stage min/run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for arm, s in arms.items():
+        judge = s["judge_step_accuracy"]
+        lines.append(
+            f"| {arm} | {s['seeds']} | {'/'.join(map(str, s['iterations']))} | "
+            f"{s['base']:.3f} ({ci(s['base_ci95'])}) | {s['final']:.3f} "
+            f"({ci(s['final_ci95'])}) | {s['gain']:+.3f} ({s['gain_ci95'][0]:+.2f} to "
+            f"{s['gain_ci95'][1]:+.2f}) | {', '.join(f'{g:+.3f}' for g in s['gain_per_seed'])}"
+            f"{seeds_t(s['gain_seeds_t95'])} | {', '.join(map(str, s['per_seed']))} | "
+            f"{num(judge[0])} -> {num(judge[1])} | "
+            f"{'; '.join(','.join(map(str, a)) for a in s['accepted_tasks'])} | "
+            f"{s['minutes_per_run']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_readme(text: str, readme: Path = Path("README.md")) -> None:
+    begin, end = "<!-- learning-table:begin -->", "<!-- learning-table:end -->"
+    doc = readme.read_text()
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"README.md has no {begin} ... {end} block")
+    head, rest = doc.split(begin, 1)
+    readme.write_text(head + begin + "\n" + text + rest[rest.index(end):])
 
 
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="examples/household/loop.toml")
-    parser.add_argument("--iterations", type=int, default=2)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--runs-dir", default="runs")
-    parser.add_argument("--reuse", action="append", default=[], metavar="VARIANT=RUN_DIR",
-                        help="use a finished run of this config for one variant (e.g. "
-                        "+env=runs/demo: `make demo` is the full loop with seed 0)")
+    parser.add_argument("--config", default="examples/household/learn.toml")
+    parser.add_argument("--arms", nargs="+", default=["policy-only", "full"],
+                        choices=list(ARMS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--iterations", type=int, help="override the config's iterations")
+    parser.add_argument("--runs-dir", default="runs/learning")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="passed to `rlany loop --set` (every run)")
+    parser.add_argument("--reduced", action="store_true",
+                        help="seed 0, policy-only and full, 3 iterations (about 30 min)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: summarize the runs that exist")
+    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
-    reuse = dict(item.split("=", 1) for item in args.reuse)
-    rows, seconds, runs = {}, {}, []
+    sets = list(args.set)
+    if args.reduced:
+        args.seeds, args.arms = [0], ["policy-only", "full"]
+        sets += ["iterations=3", "eval_every=3"]
+    if args.iterations:
+        sets.append(f"iterations={args.iterations}")
+    started = time.perf_counter()
+    by_arm: dict[str, list[dict]] = {}
     for seed in args.seeds:
-        for variant, flags in VARIANTS.items():
-            name = f"learn-{variant.strip('+')}-s{seed}"
-            run = Path(args.runs_dir) / name
-            if variant in reuse and seed == args.seeds[0]:
-                run = Path(reuse[variant])
-                seconds[name] = None
-            else:
-                seconds[name] = round(run_loop(args.config, name, args.iterations, seed,
-                                               flags, args.runs_dir), 1)
-            rows[name] = {"variant": variant, "seed": seed, "run": str(run),
-                          **summarize(run, args.iterations)}
-            runs.append(str(run))
+        for arm in args.arms:
+            name = f"{arm.strip('+')}-s{seed}"
+            if not args.report_only:
+                run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
+            summary = summarize_run(Path(args.runs_dir) / name)
+            if summary and len(summary["curve"]) > 1:  # evaluated after training at least once
+                by_arm.setdefault(arm, []).append({"seed": seed, **summary})
+    if not by_arm:
+        raise SystemExit(f"no evaluated runs under {args.runs_dir}")
+    arms = {arm: arm_summary(runs) for arm, runs in by_arm.items()}
+    text = table(arms)
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "learning.md").write_text(text)
+    run_dirs = [r["run"] for runs in by_arm.values() for r in runs]
     report = RESULTS / "learning-report"
-    subprocess.run([sys.executable, "-m", "rlany", "report", *runs, "-o", str(report)],
-                   check=True)
-
-    print(f"{'run':<24} {'eval success':>22} {'judge step acc':>20} {'accepted':>9}")
-    for name, row in rows.items():
-        b, f = row["base"], row["final"]
-        judge = (f"{b['judge_step_accuracy'] or 0:.3f} -> {f['judge_step_accuracy'] or 0:.3f}")
-        print(f"{name:<24} {b['success_rate']:>9.3f} -> {f['success_rate']:<9.3f} "
-              f"{judge:>20} {row['accepted_tasks']:>9}")
-    result = {"metric": "held-out eval success per ablation (base -> final)",
-              "config": args.config, "iterations": args.iterations, "seeds": args.seeds,
-              "runs": rows, "seconds": seconds, "report": str(report / "report.md")}
+    subprocess.run([sys.executable, "-m", "rlany", "report", *run_dirs, "-o", str(report)],
+                   check=False)
+    if args.readme:
+        write_readme(text)
+    result = {"metric": "held-out success per arm, pooled over seeds (base -> final)",
+              "config": args.config, "sets": sets, "arms": arms, "runs": by_arm,
+              "seconds": round(time.perf_counter() - started, 1),
+              "note": "run alone on the machine (one CPU-heavy process at a time)"}
     save("learning", result)
     return result
 

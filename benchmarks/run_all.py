@@ -1,7 +1,8 @@
 """`make bench`: run the benchmarks side by side and print one table.
 
 Fast ones by default; `--all` adds the model benchmarks (minutes: SmolLM2 on the CPU).
-Results: bench-results/<name>.json (machine and versions included).
+Results: benchmarks/results/<name>.json (machine and versions included). The learning
+benchmark is its own target (`make bench-learning`: hours).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 FAST = ["bench_score", "bench_sandbox"]
-SLOW = ["bench_training", "bench_generation", "bench_engines", "bench_loop"]
+SLOW = ["bench_training", "bench_generation", "bench_engines", "bench_loop", "bench_trl"]
 
 
 def main() -> None:

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# `make demo`: prepare SmolLM2-135M-Instruct (once), run a short RLAnything loop on the CPU
-# (examples/household/loop.toml: 2 iterations of rollout -> judge -> score -> train-policy ->
-# train-rm -> adapt-tasks -> eval), then write its report. Rerun to resume after a kill.
+# `make demo`: prepare SmolLM2-135M-Instruct (once), run the loop that learns on a 2-core CPU
+# (examples/household/learn.toml: base eval, 3 iterations of rollout -> score ->
+# train-policy, final eval on 128 held-out episodes; policy-only RL), then write its report
+# with the gain and its interval. Rerun to resume after a kill. The whole RLAnything loop
+# (judge, reward-model training, task adaptation) on a smaller config:
+#   DEMO_CONFIG=examples/household/loop.toml make demo
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 name=${DEMO_NAME:-demo}
 rlany models prepare smollm2 >/dev/null
-rlany loop "${DEMO_CONFIG:-examples/household/loop.toml}" --name "$name"
+rlany loop "${DEMO_CONFIG:-examples/household/learn.toml}" --name "$name"
 rlany report "runs/$name"
 echo "demo: see runs/$name/report/report.md and its PNG plots" >&2

@@ -204,3 +204,34 @@ def test_vllm_continuation_canonical_choices_and_raw_logprobs(hf, vllm_engine):
         assert parse_verdict(c.text) != 0 and vllm_engine.decode(c.token_ids) == c.text
         want = _forward_logprobs(hf, verdicts.prompt_token_ids, c.token_ids)
         assert c.logprobs == pytest.approx(want, abs=2e-3)
+
+
+def test_vllm_verifies_each_adapter_with_its_probe(vllm_engine, tiny_model, tiny_lora, tmp_path):
+    """vLLM scores the trainer's probe right after loading an adapter: the adapter passes,
+    the same adapter with zeroed weights (the base model in disguise) is refused, twice."""
+    import json
+    import shutil
+
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlany import probe
+    from rlany.errors import RlanyError
+
+    net = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), tiny_lora)
+    good = tmp_path / "good"
+    shutil.copytree(tiny_lora, good)
+    (good / "rlany.json").write_text(json.dumps(
+        {"probe": probe.record(net, AutoTokenizer.from_pretrained(tiny_model))}))
+    zeroed = tmp_path / "zeroed"
+    shutil.copytree(good, zeroed)
+    weights = load_file(zeroed / "adapter_model.safetensors")
+    save_file({k: v * 0 for k, v in weights.items()}, zeroed / "adapter_model.safetensors")
+
+    vllm_engine.generate([Request(MESSAGES, GREEDY, adapter=str(good))])
+    checked = [c for c in vllm_engine.probes.checks if c["adapter"] == str(good)]
+    assert checked and checked[0]["status"] == "ok" and checked[0]["to_trained"] < 2e-2, checked
+    for _ in range(2):
+        with pytest.raises(RlanyError, match="did not reach the engine"):
+            vllm_engine.generate([Request(MESSAGES, GREEDY, adapter=str(zeroed))])

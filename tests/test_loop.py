@@ -223,6 +223,26 @@ def test_config_errors(tmp_path):
         load_config(str(bad))
 
 
+def test_set_overrides_a_table_or_top_level_key(tmp_path, cli):
+    config = tmp_path / "c.toml"
+    config.write_text('name = "x"\ntasks = "t.jsonl"\n[train_policy]\nlr = 1e-5\n')
+    cfg = load_config(str(config), sets=["train_policy.lr=3e-4", "eval_every = 5"])
+    assert cfg.tables["train_policy"]["lr"] == 3e-4 and cfg.eval_every == 5
+    assert cfg.options("train_policy", input="-", output="o").lr == 3e-4
+    cfg = load_config(str(config), sets=["train_policy.target_modules=q_proj,v_proj"])
+    assert cfg.tables["train_policy"]["target_modules"] == "q_proj,v_proj"  # not TOML: text
+    for bad, message in (("lr", "expected KEY=VALUE"), ("nope.lr=1", "no table"),
+                         ("a.b.c=1", "expected KEY=VALUE")):
+        with pytest.raises(RlanyError, match=message) as e:
+            load_config(str(config), sets=[bad])
+        assert e.value.exit_code == 2
+    with pytest.raises(RlanyError, match="must be"):   # the same checks as the file's values
+        load_config(str(config), sets=["rollout.n=0"])
+    r = cli("loop", str(config), "--set", "train_policy.lr=-1")  # checked as the file's values
+    assert r.returncode == 1 and "lr" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_report_writes_plots_and_tables(tmp_path, cli):
     run = tmp_path / "runs" / "r"
     run.mkdir(parents=True)
@@ -236,6 +256,15 @@ def test_report_writes_plots_and_tables(tmp_path, cli):
     assert "| 2 | 0.600 | 0.600 |" in md and (run / "report" / "eval_success.png").stat().st_size > 1000
     r = cli("report", str(run), str(run), "-o", str(tmp_path / "cmp"))
     assert r.returncode == 0 and "| r | 0.450 | 0.600 |" in (tmp_path / "cmp" / "report.md").read_text()
+    assert "Held-out success" not in md            # no episode counts: no gain line
+    (run / "eval_base.json").write_text(json.dumps({"success_rate": 0.125, "trajectories": 128,
+                                                    "success_ci95": [0.07, 0.2]}))
+    (run / "iter_002").mkdir()
+    (run / "iter_002" / "eval.json").write_text(json.dumps(
+        {"success_rate": 0.375, "trajectories": 128, "success_ci95": [0.3, 0.46]}))
+    assert cli("report", str(run)).returncode == 0
+    md = (run / "report" / "report.md").read_text()
+    assert "gain +0.250, 95% interval +0.145 to +0.348 (above the base model beyond noise)" in md
 
 
 def test_cli_adapt_tasks_with_no_pending_candidates(tmp_path, cli):

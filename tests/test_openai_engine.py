@@ -16,6 +16,7 @@ from rlany.errors import RlanyError
 class Stub(BaseHTTPRequestHandler):
     fail_first = 0
     seen: list = []
+    echo_logprobs: list = []  # what /completions echoes for the prompt's tokens
 
     def log_message(self, *args):
         pass
@@ -31,6 +32,10 @@ class Stub(BaseHTTPRequestHandler):
             return
         if self.path.endswith("/load_lora_adapter"):
             out = b"Success"
+        elif self.path.endswith("/completions") and "messages" not in body:
+            logprobs = [None, *Stub.echo_logprobs[1:len(body["prompt"])], -0.1]
+            out = json.dumps({"choices": [{"index": 0, "text": "x",
+                                           "logprobs": {"token_logprobs": logprobs}}]}).encode()
         else:
             n = body["n"]
             out = json.dumps({"choices": [
@@ -79,3 +84,32 @@ def test_unreachable_server_is_one_clear_error():
                                     retries=0, timeout_s=1))
     with pytest.raises(RlanyError, match="cannot reach the server"):
         eng.generate([Request([{"role": "user", "content": "hi"}])])
+
+
+def test_a_hot_loaded_adapter_is_verified_with_its_probe(server, tmp_path):
+    """The server echoes the probe's ids with their log-probs: the trainer's pass, the base
+    model's are refused (and stay refused), an adapter without a probe is not checked."""
+    probe = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5],
+             "logprobs": [-1.0, -2.0], "base_logprobs": [-3.0, -4.0]}
+    adapters = {}
+    for name in ("good", "unloaded", "plain"):
+        adapters[name] = tmp_path / name
+        adapters[name].mkdir()
+        (adapters[name] / "adapter_config.json").write_text("{}")
+        if name != "plain":
+            (adapters[name] / "rlany.json").write_text(json.dumps({"probe": probe}))
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    request = Request([{"role": "user", "content": "hi"}], Sampling(max_tokens=2))
+    Stub.echo_logprobs = [None, -0.5, -0.5, -1.01, -2.02]
+    eng.generate([Request(request.messages, request.sampling, adapter=str(adapters["good"]))])
+    assert eng.probes.checks[-1]["status"] == "ok"
+    Stub.echo_logprobs = [None, -0.5, -0.5, -3.0, -4.0]
+    for _ in range(2):
+        with pytest.raises(RlanyError, match="did not reach the engine"):
+            eng.generate([Request(request.messages, request.sampling,
+                                  adapter=str(adapters["unloaded"]))])
+    eng.generate([Request(request.messages, request.sampling, adapter=str(adapters["plain"]))])
+    assert len(eng.probes.checks) == 1   # a refusal raises; no probe: no check
+    echo = [b for p, b in Stub.seen if p.endswith("/completions") and "prompt" in b]
+    assert echo[0]["prompt"] == [1, 2, 3, 4, 5] and echo[0]["echo"] is True

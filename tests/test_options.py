@@ -119,6 +119,8 @@ def test_loop_and_cli_defaults_are_the_same(tmp_path):
     ("[train_policy]\nmicro_batch = \"4\"\n", "'[train_policy] micro_batch' must be int"),
     ("[rollout]\nmax_tokenz = 4\n", "unknown key 'max_tokenz' in [rollout]"),
     ("[adapt]\nsamples = 1\n", "unknown key 'adapt'"),
+    ("[train_policy]\nlr = nan\n", "[train_policy] lr must be a finite number, got nan"),
+    ("[rollout]\ntemperature = inf\n", "[rollout] temperature must be a finite number"),
 ])
 def test_a_bad_loop_config_fails_at_load_with_one_line(tmp_path, body, message):
     with pytest.raises(RlanyError) as e:

@@ -101,6 +101,35 @@ def test_judge_last_step_only_judges_the_labelled_step():
     assert metrics["judge_labelled_verdicts"] == 0 and metrics["judge_step_accuracy"] is None
 
 
+def test_sample_tasks_draws_k_of_the_pool_per_iteration_and_keeps_candidates():
+    from rlany.envs.household import make_tasks
+    from rlany.rollout import sample_tasks
+
+    tasks = make_tasks(10, seed=1)
+    tasks[7] = replace(tasks[7], extra={"candidate": {"parent_id": tasks[0].task_id}})
+    opts = RolloutOptions(sample_tasks=3, seed=0, iteration=0)
+    first = sample_tasks(tasks, opts)
+    ids = [t.task_id for t in first]
+    assert len(first) == 4 and tasks[7].task_id in ids        # 3 of the pool + the candidate
+    assert ids == [t.task_id for t in tasks if t.task_id in ids]  # input order
+    assert [t.task_id for t in sample_tasks(tasks, opts)] == ids  # seeded
+    others = {tuple(t.task_id for t in sample_tasks(tasks, replace(opts, iteration=i)))
+              for i in range(1, 6)}
+    assert len(others | {tuple(ids)}) > 1                     # a new draw per iteration
+    assert sample_tasks(tasks, RolloutOptions()) == tasks      # default: every task
+
+
+def test_history_turns_zero_keeps_the_task_and_the_newest_observation():
+    from rlany.rollout import _window
+
+    msgs = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "o1"}, {"role": "assistant", "content": "a2"},
+            {"role": "user", "content": "o2"}]
+    assert [m["content"] for m in _window(msgs, 0)] == ["task", "o2"]
+    assert [m["content"] for m in _window(msgs, 1)] == ["task", "a2", "o2"]
+    assert _window(msgs, None) == msgs and _window(msgs[:1], 0) == msgs[:1]
+
+
 def test_judge_step_accuracy_is_balanced_over_env_labels():
     """Household labels each step; a judge that always says +1 scores 0.5 (balanced), one
     that reads the label scores 1.0, one that inverts it 0.0."""
@@ -191,6 +220,8 @@ def test_parse_verdict(text, expected):
 
 @pytest.mark.parametrize("text,answer", [
     ("so \\boxed{12}", "12"), ("The answer is 7.", "7"), ("3 + 4 = 7", "7"), ("nothing", None),
+    ("3 + 4 = 7 \\boxed{}", "7"),          # an empty box does not hide the number before it
+    ("\\boxed{5} then \\boxed{ }", "5"),
 ])
 def test_extract_answer(text, answer):
     assert extract_answer(text) == answer
@@ -275,6 +306,15 @@ def test_cli_rollout_and_judge_read_stdin(tmp_path, cli):
             str(pol), stdin=(tmp_path / "t.jsonl").read_text())
     assert r.returncode == 0, r.stderr
     assert len(read_jsonl(tmp_path / "j.jsonl")) == 6
+
+
+def test_gain_interval_matches_newcombes_examples():
+    from rlany.evaluate import gain_interval
+
+    # Newcombe (1998), Statistics in Medicine 17:873, Table II, method 10
+    assert gain_interval(56, 70, 48, 80) == pytest.approx([0.0524, 0.3339], abs=1e-4)
+    assert gain_interval(9, 10, 3, 10) == pytest.approx([0.1705, 0.8090], abs=1e-4)
+    assert gain_interval(1, 2, 0, 0) is None
 
 
 def test_wilson_interval_matches_known_values():

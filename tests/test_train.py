@@ -56,6 +56,22 @@ def test_token_logprobs_matches_log_softmax():
     assert torch.allclose(token_logprobs(logits, ids), want, atol=1e-6)
 
 
+def test_response_logprobs_keep_only_response_logits_equals_full(tiny_model):
+    from rlany.train import _accepts_logits_to_keep, collate, response_logprobs
+
+    model, tok = load_model(tiny_model, None, TrainOptions(output="unused"))
+    raw = [([{"role": "user", "content": "a much longer prompt " * k}], "answer 42", 1.0, True)
+           for k in (1, 6, 3)]  # different prompt lengths: the kept window is the widest
+    batch = collate(tokenize(tok, raw, max_len=512)[0], tok.eos_token_id)
+    assert _accepts_logits_to_keep(model)
+    with torch.no_grad():
+        full, full_mask, _ = response_logprobs(model, batch, "cpu", keep=False)
+        kept, kept_mask, _ = response_logprobs(model, batch, "cpu", keep=True)
+    assert kept.shape[1] < full.shape[1]
+    assert torch.equal(full_mask[full_mask.any(dim=1)].sum(), kept_mask.sum())
+    assert torch.allclose(full[full_mask], kept[kept_mask], atol=1e-5)
+
+
 def _samples(tokenizer, n=8):
     raw = [([{"role": "user", "content": f"What is {i} + {i}?"}], f"It is {2 * i}.",
             (1.0 + i) if i % 2 else -0.5, True) for i in range(n)]  # loss != 0 at step 1
@@ -234,7 +250,7 @@ def test_an_adapter_that_does_not_reach_the_engine_is_caught(tiny_model, tmp_pat
                       adapter=str(good))
     engine = HfEngine(EngineConfig(kind="hf", model=tiny_model, dtype="float32"))
     engine.generate([request])
-    (checked,) = engine.adapter_checks
+    (checked,) = engine.probes.checks
     assert checked["status"] == "ok" and checked["to_trained"] < 1e-2, checked
 
     zeroed = tmp_path / "zeroed"

@@ -31,6 +31,7 @@ Two steps, both pure functions of records plus an engine:
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -130,6 +131,21 @@ def acceptance(direction: str, parent_acc: float, child_acc: float,
                    f"{opts.alpha_high}, got {child_acc:.3f}")
 
 
+def check_candidate(task: Task) -> None:
+    """A pending candidate's `candidate` metadata, as `decide` reads it: an object whose
+    `parent_acc`, when present, is a finite number (`read_tasks` names the line)."""
+    info = task.extra.get("candidate", {})
+    if not isinstance(info, dict):
+        raise RlanyError("field 'candidate' must be an object")
+    acc = info.get("parent_acc", 0.0)
+    try:
+        finite = not isinstance(acc, bool) and math.isfinite(acc)
+    except (TypeError, OverflowError):  # not a number, or an integer beyond the float range
+        finite = False
+    if not finite:
+        raise RlanyError("field 'candidate.parent_acc' must be a finite number")
+
+
 def decide(pool: list[Task], pending: list[Task], stats: dict[str, TaskStats],
            opts: AdaptOptions) -> tuple[list[Task], list[dict]]:
     """Accept or reject rolled-out candidates; return the next pool and the decisions."""
@@ -199,18 +215,29 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
     targets = [(t, direction_for(stats[t.task_id].acc, opts)) for t in pool if t.task_id in stats]
     targets = [(t, d) for t, d in targets if d]
     envs = {t.task_id: make_env(t.env) for t, _ in targets}
+    descriptions: dict[str, str] = {}
+    menus: dict[str, list] = {}
+    broken: list[dict] = []
+    for t, d in targets:  # edits: the env's menu (empty: nothing to propose, rejected)
+        env = envs[t.task_id]
+        try:
+            descriptions[t.task_id] = env.describe(t)
+            if opts.rewrite == "edits" or (opts.rewrite == "auto" and hasattr(env, "edits")):
+                menus[t.task_id] = env.edits(t.spec, d) if hasattr(env, "edits") else []
+        except Exception as e:  # a spec its env cannot read: rejected with the reason, as
+            # rollout records a broken task instead of failing the batch
+            descriptions.pop(t.task_id, None)
+            broken.append({"task_id": t.task_id, "direction": d, "iteration": opts.iteration,
+                           "outputs": [], "reasons": [f"the {t.env} env cannot read this "
+                                                      f"task: {type(e).__name__}: {e}"]})
+    targets = [(t, d) for t, d in targets if t.task_id in descriptions]
     summaries = {t.task_id: critiques.get(t.task_id, "(no critiques)") for t, _ in targets}
     if opts.summary == "model":
         summaries = model_summaries(targets, envs, summaries, engine, opts.max_tokens,
                                     opts.adapter)
-    menus: dict[str, list] = {}
-    for t, d in targets:  # edits: the env's menu (empty: nothing to propose, rejected)
-        env = envs[t.task_id]
-        if opts.rewrite == "edits" or (opts.rewrite == "auto" and hasattr(env, "edits")):
-            menus[t.task_id] = env.edits(t.spec, d) if hasattr(env, "edits") else []
     requests = []
     for t, d in targets:
-        description, acc = envs[t.task_id].describe(t), stats[t.task_id].acc
+        description, acc = descriptions[t.task_id], stats[t.task_id].acc
         if t.task_id in menus:
             menu = menus[t.task_id] or [None]  # no edit offered: one request, rejected below
             requests.append(Request(
@@ -227,7 +254,7 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
              if t.task_id not in menus or menus[t.task_id]]
     results = iter(engine.generate([r for *_, r in asked]) if asked else [])
     seen = [json.dumps(t.spec, sort_keys=True) for t in pool]
-    candidates, rejections = [], []
+    candidates, rejections = [], broken
     tally = {"proposals": 0, "valid_proposals": 0, "edits_tasks": 0, "free_tasks": 0}
     for task, direction in targets:
         menu = menus.get(task.task_id)
@@ -332,7 +359,7 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     pending_tasks: list = []
     if opts.pending:
         pending_tasks, pending_reader = read_tasks(paths["--pending"], allow_empty=True,
-                                                     name=opts.pending)
+                                                     name=opts.pending, check=check_candidate)
         inputs.append(pending_reader)
     new_pool, decisions = decide(pool, pending_tasks, stats, opts)
     targets = {t.task_id for t in new_pool

@@ -51,6 +51,9 @@ def render_text(tokenizer: Any, messages: list[dict]) -> str:
         raise RlanyError("this prompt has images but this path renders text only",
                          hint="use --engine vllm or --engine openai with a multimodal model; "
                          "training on image observations is not supported yet")
+    # text parts become the plain string every chat template reads
+    messages = [{**m, "content": text_of(m["content"])} if isinstance(m.get("content"), list)
+                else m for m in messages]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 

@@ -129,6 +129,9 @@ def loop_cmd(
     one_stage: Annotated[bool, typer.Option(
         "--one-stage", help="Run only the next incomplete stage, then exit (step through "
         "a run; each call starts its own engine).")] = False,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="Override one config value, KEY=VALUE with a TOML value: a top-level "
+        "key (eval_every=5) or TABLE.KEY (train_policy.lr=1e-4); repeatable.")] = None,
 ) -> None:
     """Run the closed loop: rollout -> judge -> score -> train-policy -> train-rm ->
     adapt-tasks (+ eval), one directory per iteration under runs/NAME/. Rerunning the same
@@ -139,7 +142,7 @@ def loop_cmd(
                                    "runs_dir": runs_dir, "step_feedback": step_feedback,
                                    "rm_training": rm_training,
                                    "env_adaptation": env_adaptation}.items() if v is not None}
-    cfg = load_config(config, overrides)
+    cfg = load_config(config, overrides, sets=set_ or [])
     try:
         Loop(cfg, config, one_stage=one_stage).run()
     except StageDone as done:

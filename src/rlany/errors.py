@@ -21,7 +21,8 @@ class RlanyError(Exception):
         text = f"{self.where}: {self.message}" if self.where else self.message
         if self.hint:
             text += f" (hint: {self.hint})"
-        return text.replace("\n", " ")
+        # every line break the input may carry into the message (\r, \v, \x1e, \u2028, ...)
+        return " ".join(text.splitlines())
 
 
 class UsageError(RlanyError):

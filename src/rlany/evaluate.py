@@ -99,6 +99,18 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float] | No
     return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
 
 
+def gain_interval(k1: int, n1: int, k0: int, n0: int) -> list[float] | None:
+    """The 95% interval of a difference of success rates p1 - p0 (independent samples;
+    Newcombe's hybrid score interval from the two Wilson intervals)."""
+    if not n1 or not n0:
+        return None
+    p1, p0 = k1 / n1, k0 / n0
+    (lo1, hi1), (lo0, hi0) = wilson_interval(k1, n1), wilson_interval(k0, n0)
+    d = p1 - p0
+    return [round(d - sqrt((p1 - lo1) ** 2 + (hi0 - p0) ** 2), 4),
+            round(d + sqrt((hi1 - p1) ** 2 + (p0 - lo0) ** 2), 4)]
+
+
 def policy_metrics(groups: list[list[Trajectory]], ks: list[int]) -> dict:
     flat = [t for g in groups for t in g]
     per_task = []

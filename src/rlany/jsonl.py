@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -35,6 +36,12 @@ from rlany.records import SCHEMA_VERSION, from_json, guess_kind, to_json
 R = TypeVar("R")
 
 MAX_LINE_BYTES = 64 * 1024 * 1024  # a longer line is an error, never a memory blow-up
+# deeper JSON is an error: how deep Python's recursion reaches depends on the caller, so a
+# record a stage could read might crash a later step (or the next stage) that recurses
+MAX_DEPTH = 100
+_TOO_DEEP = f"JSON nested too deeply (more than {MAX_DEPTH} levels)"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # how a lone surrogate gets in: \ud800
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _reject_constant(name: str) -> Any:
@@ -126,11 +133,17 @@ class JsonlReader(Generic[R]):
         try:
             obj = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
         except RecursionError:
-            raise RlanyError("JSON nested too deeply", where=where) from None
+            raise RlanyError(_TOO_DEEP, where=where) from None
         except (json.JSONDecodeError, ValueError) as e:
             if not text.endswith("\n"):
                 raise RlanyError(f"truncated last line: {e}", where=where) from None
             raise RlanyError(f"invalid JSON: {e}", where=where) from None
+        if text.count("[") + text.count("{") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
+            raise RlanyError(_TOO_DEEP, where=where)
+        if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(obj):
+            # valid JSON syntax, but not text: it could never be written back as UTF-8
+            raise RlanyError("invalid JSON: a \\u escape of a lone UTF-16 surrogate "
+                             "(\\ud800-\\udfff) is not a character", where=where)
         cls = self.cls
         if isinstance(cls, dict):  # a mixed stream: the record's kind picks its class
             kinds = cls
@@ -144,6 +157,35 @@ class JsonlReader(Generic[R]):
                     if found and found != self.kind and found not in (
                         self.cls if isinstance(self.cls, dict) else ()) else None)
             raise RlanyError(e.message, where=where, hint=hint) from None
+
+
+def _deeper_than(obj: Any, limit: int) -> bool:
+    """Whether parsed JSON nests arrays/objects more than `limit` levels (no recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict)
+                                                  else value))
+    return False
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    """Whether any string (key or value) of parsed JSON holds a lone surrogate."""
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 def check_schema_version(path: Path) -> None:

@@ -249,6 +249,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     """Read trajectories, judge them (resuming a partial output), write judgments."""
     from rlany.console import info, progress
     from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
+    from rlany.pairing import groups
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,
@@ -262,8 +263,18 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     check_adapter(opts.adapter)
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
     reader = JsonlReader(path, Trajectory, "trajectories", name=opts.input)
-    for _ in reader:
-        pass  # a malformed line fails here, before an engine is started
+    # a malformed line, a task split in two or a trajectory id seen before fails here,
+    # before an engine is started (groups are judged and resumed by task, and matched by id)
+    ids: set[str] = set()
+
+    def unique():
+        for where, t in reader:
+            if t.traj_id in ids:
+                raise RlanyError(f"duplicate trajectory '{t.traj_id}'", where=where)
+            ids.add(t.traj_id)
+            yield where, t, None
+    for _ in groups(unique()):
+        pass
     engine = engine or start_engine(opts)
     flags = engine_flags(opts, engine)
     with output_lock(opts.output):

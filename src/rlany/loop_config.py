@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlany.errors import RlanyError
+from rlany.errors import RlanyError, UsageError
 
 # the judge settings [eval] inherits from [judge] (eval key <- judge key)
 EVAL_FROM_JUDGE = {"m": "m", "judge_max_tokens": "max_tokens",
@@ -86,9 +86,11 @@ class LoopConfig:
         return from_table(cls, self.tables.get(table, {}), self.path, table, **run, **io)
 
 
-def load_config(path: str, overrides: dict[str, Any] | None = None) -> LoopConfig:
+def load_config(path: str, overrides: dict[str, Any] | None = None,
+                sets: list[str] = ()) -> LoopConfig:
     """Read and check a whole config (every stage's options are built once with placeholder
-    paths), so a bad value fails here with one line, before anything runs."""
+    paths), so a bad value fails here with one line, before anything runs. `sets` are the
+    command line's `--set KEY=VALUE` (KEY top-level or TABLE.KEY, VALUE a TOML value)."""
     from rlany.options import typed
 
     try:
@@ -99,6 +101,8 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> LoopConfi
         raise RlanyError(f"invalid TOML: {e}", where=path) from None
     overrides = overrides or {}
     raw.update(overrides)
+    for item in sets:
+        _apply_set(raw, item)
     tables, run_keys, loop_keys = _tables(), _run_keys(), LoopConfig.keys()
     top: dict[str, Any] = {}
     run: dict[str, Any] = {}
@@ -127,6 +131,30 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> LoopConfi
     for table in tables:  # every stage's options, checked before anything runs
         cfg.options(table, **_placeholders(tables[table][1]))
     return cfg
+
+
+def _apply_set(raw: dict[str, Any], item: str) -> None:
+    """One `--set KEY=VALUE` into the parsed config; a VALUE that is not TOML is a string."""
+    key, eq, text = item.partition("=")
+    key = key.strip()
+    if not eq or not key or key.count(".") > 1 or "" in key.split("."):
+        raise UsageError(f"--set {item!r}: expected KEY=VALUE or TABLE.KEY=VALUE",
+                         hint="e.g. --set train_policy.lr=1e-4 --set eval_every=5")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    table, _, name = key.rpartition(".")
+    if table:
+        if table not in _tables():
+            raise UsageError(f"--set {item!r}: no table [{table}]",
+                             hint=f"tables: {', '.join(_tables())}")
+        section = raw.setdefault(table, {})
+        if not isinstance(section, dict):
+            raise UsageError(f"--set {item!r}: [{table}] is not a table")
+        section[name] = value
+    else:
+        raw[name] = value
 
 
 def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:

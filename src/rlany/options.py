@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,6 +112,8 @@ def validate(opts: Any, style: str = "cli") -> Any:
             continue
         values = value if isinstance(value, tuple) else (value,)
         for v in values:
+            if isinstance(v, float) and not math.isfinite(v):  # nan passes every bound
+                raise RlanyError(f"{name(key)} must be a finite number, got {v}")
             if spec.choices and v not in spec.choices:
                 raise RlanyError(f"{name(key)} must be one of {', '.join(spec.choices)}, "
                                  f"got {v!r}")
@@ -180,7 +183,10 @@ def typed(key: str, value: Any, hint: Any, where: str) -> Any:
             raise RlanyError(f"'{key}' must be a list", where=where)
         return tuple(typed(key, v, elem, where) for v in value)
     if inner is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # TOML integers have no size limit
+            raise RlanyError(f"'{key}' is too large for a number", where=where) from None
     if not isinstance(value, inner) or (inner is int and isinstance(value, bool)):
         raise RlanyError(f"'{key}' must be {inner.__name__}, got {type(value).__name__}",
                          where=where)

@@ -14,6 +14,7 @@ base model cannot be told apart from dtype noise and is reported as `indetermina
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from rlany.errors import RlanyError
@@ -92,3 +93,31 @@ def check(probe: dict, got: list[float], adapter: str) -> dict:
             f"vs base: {gap:.4f})", where=adapter,
             hint="a zeroed or corrupt adapter, or one trained on another base model")
     return {**out, "status": "ok"}
+
+
+class Verifier:
+    """An engine's adapter checks: each adapter's probe is scored once, right after the
+    engine loads it; a refused adapter stays refused for the engine's lifetime (every later
+    use raises the same error), never silently served."""
+
+    def __init__(self) -> None:
+        self.checks: list[dict] = []  # one per verified adapter (the sidecar's adapter_checks)
+        self._refused: dict[str, RlanyError] = {}
+
+    def loaded(self, adapter: str, path: str,
+               score: Callable[[dict], list[float] | str]) -> None:
+        """`score(probe)` gives the engine's log-probs of the probe's response ids, or a
+        reason (str) why this engine cannot score them (recorded as "skipped")."""
+        probe = saved(path)
+        if probe is None:
+            return
+        try:
+            got = score(probe)
+            self.checks.append({"adapter": adapter, "status": "skipped", "why": got}
+                               if isinstance(got, str) else check(probe, got, adapter))
+        except RlanyError as e:
+            self._refused[path] = e
+
+    def require(self, path: str) -> None:
+        if path in self._refused:
+            raise self._refused[path]

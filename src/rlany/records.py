@@ -26,7 +26,11 @@ from rlany.errors import RlanyError
 
 SCHEMA_VERSION = 1
 
-Message = dict  # one chat message: {"role": "system" | "user" | "assistant", "content": str}
+
+class Message(dict):
+    """One chat message, `{"role": "system" | "user" | "assistant", "content": ...}`: the
+    content a string, or a list of OpenAI-style parts (`rlany.chat`). Only a type for the
+    reader: `from_json` checks this shape and keeps the plain dict."""
 
 
 def _optional() -> Any:
@@ -62,7 +66,7 @@ class Task:
 @dataclass(frozen=True)
 class Step:
     obs: str
-    prompt_messages: list[dict]  # the exact chat messages the policy saw
+    prompt_messages: list[Message]  # the exact chat messages the policy saw
     response: str
     action: str | None  # the parsed action; None when the response held no valid action
     next_obs: str
@@ -106,7 +110,7 @@ class JudgeSample:
 @dataclass(frozen=True)
 class StepJudgment:
     step: int  # index into Trajectory.steps
-    judge_messages: list[dict]  # the judge prompt, shared by the m samples
+    judge_messages: list[Message]  # the judge prompt, shared by the m samples
     samples: list[JudgeSample]
 
 
@@ -136,7 +140,7 @@ class ScoredJudgeSample:
 @dataclass(frozen=True)
 class ScoredStep:
     step: int
-    prompt_messages: list[dict]
+    prompt_messages: list[Message]
     response: str
     step_score: float  # mean_j S_ij over the m judge samples (0 without a judge)
     reward: float  # R_i = O + lambda * step_score
@@ -145,7 +149,7 @@ class ScoredStep:
     truncated: bool = False  # the response hit max_tokens: trained without a closing EOS
     token_ids: list[int] | None = _optional()  # the sampled response ids (see Step)
     logprobs: list[float] | None = _optional()  # the engine's log-probs of token_ids, if exact
-    judge_messages: list[dict] | None = None
+    judge_messages: list[Message] | None = None
     judge: list[ScoredJudgeSample] = field(default_factory=list)
 
 
@@ -257,6 +261,31 @@ def _json_type(value: Any) -> str:
             dict: "object"}.get(type(value), type(value).__name__)
 
 
+def _check_message(value: Any, key: str) -> dict:
+    """A chat message as the engines, the judge and the trainer read it."""
+    if not isinstance(value, dict):
+        raise RlanyError(f"field '{key}' must be an object, got {_json_type(value)}")
+    if not isinstance(value.get("role"), str):
+        raise RlanyError(f"field '{key}.role' must be a string, got "
+                         f"{_json_type(value.get('role'))}")
+    content = value.get("content")
+    if isinstance(content, list):
+        for i, part in enumerate(content):
+            where = f"{key}.content[{i}]"
+            if not isinstance(part, dict):
+                raise RlanyError(f"field '{where}' must be an object, got {_json_type(part)}")
+            if part.get("type") == "text" and not isinstance(part.get("text"), str):
+                raise RlanyError(f"field '{where}.text' must be a string")
+            if part.get("type") == "image_url" and not (
+                    isinstance(part.get("image_url"), dict)
+                    and isinstance(part["image_url"].get("url"), str)):
+                raise RlanyError(f"field '{where}.image_url.url' must be a string")
+    elif not isinstance(content, str):
+        raise RlanyError(f"field '{key}.content' must be a string or an array of parts, got "
+                         f"{_json_type(content)}")
+    return value
+
+
 def _convert(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
@@ -274,6 +303,8 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         return [_convert(inner, v, f"{key}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(hint):
         return from_json(hint, value, key)
+    if hint is Message:
+        return _check_message(value, key)
     if hint is Any:
         return value
     if hint is bool:
@@ -287,9 +318,13 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise RlanyError(f"field '{key}' must be a number, got {_json_type(value)}")
-        if not math.isfinite(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            raise RlanyError(f"field '{key}' is too large for a number") from None
+        if not math.isfinite(number):
             raise RlanyError(f"field '{key}' must be finite, got {value}")
-        return float(value)
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise RlanyError(f"field '{key}' must be a string, got {_json_type(value)}")

@@ -30,8 +30,36 @@ def load_run(run: Path) -> dict:
                          "finished yet)", where=str(run))
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     base = run / "eval_base.json"
+    evals = sorted(run.glob("iter_*/eval.json"))
     return {"name": run.name, "rows": rows,
-            "base": json.loads(base.read_text()) if base.exists() else None}
+            "base": json.loads(base.read_text()) if base.exists() else None,
+            "final": json.loads(evals[-1].read_text()) if evals else None,
+            "final_iteration": int(evals[-1].parent.name[5:]) if evals else None}
+
+
+def gain_line(run: dict) -> str | None:
+    """Held-out success base -> latest evaluation, the gain with its 95% interval, and
+    whether the gain clears that noise."""
+    from rlany.evaluate import gain_interval
+
+    base, final = run["base"], run["final"]
+    if not base or not final or not base.get("trajectories") or not final.get("trajectories"):
+        return None
+    kb = round(base["success_rate"] * base["trajectories"])
+    kf = round(final["success_rate"] * final["trajectories"])
+    lo, hi = gain_interval(kf, final["trajectories"], kb, base["trajectories"])
+    gain = final["success_rate"] - base["success_rate"]
+    verdict = ("above the base model beyond noise" if lo > 0 else
+               "below the base model beyond noise" if hi < 0 else
+               "within noise: the interval includes no change")
+    def ci(e):
+        c = e.get("success_ci95") or [0.0, 1.0]
+        return f"{c[0]:.2f}-{c[1]:.2f}"
+    return (f"Held-out success: base {base['success_rate']:.3f} (95% {ci(base)}, "
+            f"{base['trajectories']} episodes) -> {final['success_rate']:.3f} (95% "
+            f"{ci(final)}, {final['trajectories']} episodes) after iteration "
+            f"{run['final_iteration']}: gain {gain:+.3f}, 95% interval {lo:+.3f} to {hi:+.3f} "
+            f"({verdict}).")
 
 
 def _fmt(v) -> str:
@@ -101,7 +129,10 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
     if len(runs) > 1:
         md += ["## Comparison", "", comparison_table(runs), ""]
     for run in runs:
-        md += [f"## {run['name']}", "", iteration_table(run), ""]
+        md += [f"## {run['name']}", ""]
+        line = gain_line(run)
+        md += [line, ""] if line else []
+        md += [iteration_table(run), ""]
         if run["base"]:
             md += [f"Base model eval success: {_fmt(run['base'].get('success_rate'))}, judge "
                    f"step accuracy: {_fmt(run['base'].get('judge_step_accuracy'))}", ""]

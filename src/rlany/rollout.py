@@ -61,6 +61,9 @@ class RolloutOptions(EpisodeFields):
                       "a rerun with the same flags continues after the last complete task "
                       "(stdout does not resume).", scope="io", short="-o")
     iteration: int = opt(0, "Loop iteration, part of traj_id.", scope="io", min=0)
+    sample_tasks: int | None = opt(None, "Roll out a sample of K of the input's tasks (drawn "
+                                   "from --seed and --iteration, kept in input order) plus "
+                                   "every candidate task; default: all.", min=1)
 
     @property
     def sampling(self) -> Sampling:
@@ -82,6 +85,19 @@ class _Episode:
     success: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+
+def sample_tasks(tasks: list[Task], opts: RolloutOptions) -> list[Task]:
+    """The tasks one iteration rolls out: every candidate (its rollouts decide whether it
+    is accepted) and a seeded sample of `sample_tasks` of the others, in input order."""
+    import random
+
+    pool = [t for t in tasks if "candidate" not in t.extra]
+    if opts.sample_tasks is None or opts.sample_tasks >= len(pool):
+        return tasks
+    rng = random.Random(stable_seed(opts.seed, "sample_tasks", opts.iteration))
+    chosen = {id(t) for t in rng.sample(pool, opts.sample_tasks)}
+    return [t for t in tasks if id(t) in chosen or "candidate" in t.extra]
 
 
 def rollout(tasks: Iterable[Task], engine: Engine, make_env: Callable[[str], Environment],
@@ -187,10 +203,13 @@ def _advance(e: _Episode, request_messages: list[dict], completion: Completion,
 
 
 def _window(messages: list[dict], turns: int | None) -> list[dict]:
-    """The first user message (the task) plus the last `turns` exchanges."""
+    """The first user message (the task) plus the last `turns` exchanges (an exchange is
+    the policy's response and the observation after it); with 0, the task and the newest
+    observation."""
     if turns is None or len(messages) <= 1 + 2 * turns:
         return messages
-    return messages[:1] + messages[len(messages) - 2 * turns:] if turns else messages[:1]
+    return messages[:1] + messages[len(messages) - 2 * turns:] if turns else \
+        [messages[0], messages[-1]]
 
 
 def _trajectory(e: _Episode, opts: RolloutOptions, policy: dict) -> Trajectory:
@@ -223,6 +242,7 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
 
     started = time.time()
     tasks, reader, engine = begin_generation(opts, {"--output": opts.output}, engine)
+    input_tasks, tasks = len(tasks), sample_tasks(tasks, opts)
     flags = engine_flags(opts, engine)
     with output_lock(opts.output):
         out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
@@ -245,7 +265,8 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
             out.close()
         out.finish()
     tokens, seconds = stats.completion_tokens - tokens0, stats.seconds - secs0
-    counts = {"tasks": len(tasks), "trajectories": out.count, "new_trajectories": total,
+    counts = {"tasks": len(tasks), "input_tasks": input_tasks, "trajectories": out.count,
+              "new_trajectories": total,
               "success_rate": successes / max(total, 1), "completion_tokens": tokens,
               "generate_calls": stats.calls - calls0, "generate_seconds": round(seconds, 3),
               **adapter_checks(engine)}

@@ -17,7 +17,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,11 @@ def begin_generation(opts: Any, outputs: dict[str, str | None], engine: Any = No
     return tasks, reader, engine or start_engine(opts)
 
 
-def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = None):
+def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = None,
+               check: Callable[[Any], None] | None = None):
     """All tasks of a file (a task pool is small), with env names and unique ids checked.
-    `allow_empty` for candidate files: an iteration may propose no candidate at all."""
+    `allow_empty` for candidate files: an iteration may propose no candidate at all.
+    `check(task)`: a stage's own rule; the RlanyError it raises is reported at the line."""
     from rlany import envs
     from rlany.records import Task
 
@@ -64,6 +66,11 @@ def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = N
         if task.task_id in seen:
             raise RlanyError(f"duplicate task_id '{task.task_id}'", where=where)
         seen.add(task.task_id)
+        if check is not None:
+            try:
+                check(task)
+            except RlanyError as e:
+                raise RlanyError(e.message, where=where, hint=e.hint) from None
         tasks.append(task)
     return tasks, reader
 
@@ -109,7 +116,8 @@ def start_engine(opts: Any):
 
 def adapter_checks(engine: Any) -> dict:
     """The sidecar's record of the adapter probes the engine ran (rlany.probe), if any."""
-    checks = getattr(engine, "adapter_checks", None)
+    probes = getattr(engine, "probes", None)
+    checks = probes.checks if probes is not None else None
     return {"adapter_checks": list(checks)} if checks else {}
 
 

@@ -193,7 +193,6 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
     from accelerate import Accelerator
 
     from rlany import train_state as state
-    from rlany.losses import token_logprobs
 
     started = time.perf_counter()
     acc = Accelerator()
@@ -206,9 +205,10 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
     model, optimizer = acc.prepare(model, optimizer)
     state.save_trainable_only(acc, model)
 
+    keep = _accepts_logits_to_keep(model)
+
     def forward(batch: list[Sample]):
-        ids, attn, resp, adv = (t.to(acc.device) for t in collate(batch, pad))
-        return token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids), resp, adv
+        return response_logprobs(model, collate(batch, pad), acc.device, keep)
 
     partial = output.with_name(output.name + ".partial")
     start_step = state.saved_step(partial, meta)
@@ -259,6 +259,32 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
         shutil.rmtree(partial, ignore_errors=True)
     acc.wait_for_everyone()
     return summary
+
+
+def response_logprobs(model, batch, device, keep: bool = True):
+    """(log-probs (B, K), response mask (B, K), advantages) of a collated batch. With `keep`,
+    the LM head runs only where a response token is predicted (from the shortest prompt's
+    last token on): over a long prompt it is most of the (B, T, vocab) logits and a quarter
+    of the compute, and the log-probs are the same numbers."""
+    from rlany.losses import token_logprobs
+
+    ids, attn, resp, adv = (t.to(device) for t in batch)
+    if not keep:
+        return token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids), resp, adv
+    start = int(resp.any(dim=0).float().argmax())  # the first column with a response target
+    logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=ids.shape[1] - start).logits
+    return token_logprobs(logits, ids[:, start:]), resp[:, start:], adv
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    """Whether the causal LM under PEFT/Accelerate wrappers takes `logits_to_keep`
+    (transformers' models do; a custom one may not)."""
+    import inspect
+
+    inner = getattr(model, "module", model)  # DDP
+    if hasattr(inner, "get_base_model"):  # PEFT
+        inner = inner.get_base_model()
+    return "logits_to_keep" in inspect.signature(type(inner).forward).parameters
 
 
 def old_logprobs_source(samples: list[Sample], mode: str) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from rlany.chat import render
 from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
 from rlany.errors import RlanyError
+from rlany.probe import Verifier, forward_logprobs
 
 
 class HfEngine:
@@ -37,8 +38,7 @@ class HfEngine:
         set_torch_threads()
         self.model = cfg.model
         self.stats = EngineStats()
-        self.adapter_checks: list[dict] = []  # rlany.probe results, one per adapter loaded
-        self._refused: dict[str, RlanyError] = {}
+        self.probes = Verifier()  # rlany.probe: each adapter checked when loaded
         self.batch_size = cfg.batch_size
         self.seed = cfg.seed
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
@@ -78,23 +78,11 @@ class HfEngine:
             self.net.eval()
             self._adapters[path] = name
             self.net.set_adapter(name)
-            try:
-                self._verify(adapter, path)
-            except RlanyError as e:
-                self._refused[path] = e  # stays refused for this engine's lifetime
-        if path in self._refused:
-            raise self._refused[path]
+            self.probes.loaded(adapter, path, lambda probe: forward_logprobs(
+                self.net, probe["prompt_ids"], probe["response_ids"]))
+        self.probes.require(path)
         self.net.set_adapter(self._adapters[path])
         return contextlib.nullcontext()
-
-    def _verify(self, adapter: str, path: str) -> None:
-        """The adapter's probe (rlany.probe), scored by this engine right after loading."""
-        from rlany.probe import check, forward_logprobs, saved
-
-        probe = saved(path)
-        if probe is not None:
-            got = forward_logprobs(self.net, probe["prompt_ids"], probe["response_ids"])
-            self.adapter_checks.append(check(probe, got, adapter))
 
     def generate(self, requests: Sequence[Request]) -> list[Result]:
         start = time.perf_counter()

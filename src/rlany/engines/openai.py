@@ -34,6 +34,7 @@ from pathlib import Path
 
 from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
 from rlany.errors import RlanyError
+from rlany.probe import Verifier
 
 
 class OpenAIEngine:
@@ -49,6 +50,7 @@ class OpenAIEngine:
         self.retries = cfg.retries
         self.stats = EngineStats()
         self._adapters: dict[str, str] = {}
+        self.probes = Verifier()  # rlany.probe: each adapter checked when loaded
         self._ids_seen = self._ids_missing = False
         self._choice_key = "structured_outputs"
 
@@ -92,7 +94,24 @@ class OpenAIEngine:
             name = "rlany-" + hashlib.sha256(path.encode()).hexdigest()[:12]
             self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
             self._adapters[path] = name
+            self.probes.loaded(adapter, path, lambda probe: self._probe_logprobs(probe, name))
+        self.probes.require(path)
         return self._adapters[path]
+
+    def _probe_logprobs(self, probe: dict, name: str) -> list[float] | str:
+        """The probe's response log-probs under the hot-loaded adapter (rlany.probe): its
+        ids echoed through `/completions` with their log-probs."""
+        prompt, response = probe["prompt_ids"], probe["response_ids"]
+        try:
+            out = self._post("/completions", {"model": name, "prompt": prompt + response,
+                                              "max_tokens": 1, "temperature": 0.0,
+                                              "echo": True, "logprobs": 0})
+            echoed = out["choices"][0]["logprobs"]["token_logprobs"]
+            return [float(x) for x in echoed[len(prompt):len(prompt) + len(response)]]
+        except RlanyError as e:
+            return f"the server did not score the probe: {e.one_line()}"
+        except (KeyError, IndexError, TypeError, ValueError):
+            return "the server returned no echoed log-probs"
 
     def _one(self, r: Request) -> Result:
         s = r.sampling

