@@ -20,7 +20,7 @@ Writes benchmarks/results/learning.json, learning.md (the table) and learning-re
 (`rlany report`: plots of every run); `--readme` puts the table into README.md.
 
     python benchmarks/learning.py                       # policy-only and full, seeds 0 1 2
-    python benchmarks/learning.py --reduced             # seed 0, 3 iterations: ~30 min
+    python benchmarks/learning.py --reduced             # seed 0, 3 iterations: over 1.5 h
     python benchmarks/learning.py --arms +step +rm --seeds 0
     python benchmarks/learning.py --report-only --readme
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
@@ -174,7 +174,7 @@ def main() -> dict:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to `rlany loop --set` (every run)")
     parser.add_argument("--reduced", action="store_true",
-                        help="seed 0, policy-only and full, 3 iterations (about 30 min)")
+                        help="seed 0, policy-only and full, 3 iterations (over 1.5 h on 2 cores)")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: summarize the runs that exist")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
