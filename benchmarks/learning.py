@@ -41,11 +41,12 @@ from common import RESULTS, save  # noqa: E402
 
 from rlany.evaluate import gain_interval, wilson_interval  # noqa: E402
 
+JUDGED_EVAL = ["--set", "eval.judge=true"]  # arms with a judge: its step accuracy, base and final
 ARMS = {
     "policy-only": ["--no-step-feedback", "--no-rm-training", "--no-env-adaptation"],
-    "+step": ["--step-feedback", "--no-rm-training", "--no-env-adaptation"],
-    "+rm": ["--step-feedback", "--rm-training", "--no-env-adaptation"],
-    "full": ["--step-feedback", "--rm-training", "--env-adaptation"],
+    "+step": ["--step-feedback", "--no-rm-training", "--no-env-adaptation", *JUDGED_EVAL],
+    "+rm": ["--step-feedback", "--rm-training", "--no-env-adaptation", *JUDGED_EVAL],
+    "full": ["--step-feedback", "--rm-training", "--env-adaptation", *JUDGED_EVAL],
 }
 def run_loop(config: str, name: str, seed: int, flags: list[str], runs_dir: str,
              sets: list[str]) -> None:

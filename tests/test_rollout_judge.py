@@ -326,3 +326,42 @@ def test_wilson_interval_matches_known_values():
     assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
     lo, hi = wilson_interval(50, 100)
     assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
+
+
+def test_select_used_judges_only_the_tasks_score_can_train_on(tmp_path):
+    """--select used: a task whose rollouts all succeed or all fail, or a pending
+    candidate, gets unjudged records (no engine call); score gives them no step scores
+    and no reward-model samples, and reads the judged tasks as before."""
+    from rlany.score import ScoreOptions, score_stream
+
+    tasks = three_tasks(3)
+    tasks[1] = replace(tasks[1], prompt="Say go (easy).")
+    tasks[2] = replace(tasks[2], extra={"candidate": {"parent_id": "t0"}})
+    # t0: mixed outcomes; t1: all succeed; t2: mixed but a candidate
+    policy = FakeEngine(lambda req, k: "go" if k == 0 or "easy" in str(req.messages) else "no")
+    trajs = [t for g in rollout(tasks, policy, lambda name: ThreeTurns(),
+                                RolloutOptions(n=2, max_steps=3)) for t in g]
+    by_task = {}
+    for t in trajs:
+        by_task.setdefault(t.task_id, set()).add(t.outcome)
+    assert by_task == {"t0": {1, -1}, "t1": {1}, "t2": {1, -1}}, by_task
+    jud = FakeEngine(lambda req, k: "\\boxed{-1}" if k else "\\boxed{+1}")
+    out = [j for g in judge(trajs, jud, JudgeOptions(m=2, max_tokens=0, select="used"))
+           for j in g]
+    asked = [r for call in jud.calls for r in call]
+    assert len(jud.calls) == 1 and len(asked) == 2 * 3      # t0's 2 trajectories x 3 steps
+    assert all(r.sampling.n == 2 and r.sampling.choices for r in asked)
+    skipped = {j.task_id: j.skipped for j in out if j.skipped}
+    assert skipped == {"t1": "uniform outcome", "t2": "candidate task, not accepted yet"}
+    assert all(not j.steps for j in out if j.skipped)
+    scored = {s.task_id: (s, st) for s, st in (
+        (g[0], stats) for g, stats in score_stream(
+            [(f"t:{k}", t) for k, t in enumerate(trajs)],
+            [(f"j:{k}", j) for k, j in enumerate(out)], ScoreOptions()))}
+    t0, t0_stats = scored["t0"]
+    assert [len(s.judge) for s in t0.steps] == [2, 2, 2]
+    assert t0_stats.rm_samples > 0 and t0_stats.judge_outcome_agreement is not None
+    t1, t1_stats = scored["t1"]
+    assert all(s.step_score == 0.0 and not s.judge for s in t1.steps)
+    assert t1_stats.rm_samples == 0 and t1_stats.judge_outcome_agreement is None
+    assert not t1_stats.policy_keep                     # no step scores separate them

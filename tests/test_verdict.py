@@ -165,3 +165,79 @@ def test_hostile_text_is_sanitized_and_counted():
     json.dumps(res.completions[0].text, ensure_ascii=False).encode("utf-8")   # writable
     generate_verdicts(eng, judge_requests(1, m=2))
     assert eng.stats.sanitized == 2
+
+
+def test_verdict_alone_is_one_prompt_pass_per_step_with_m_readable_samples(hf):
+    """--max-tokens 0: no reasoning; each step is one constrained request whose n = m
+    samples are the verdicts, each exactly a choice and EOS, with the forward pass's
+    log-probs (what train-rm trains on)."""
+    import torch
+
+    requests = judge_requests(steps=3, m=4, max_tokens=0, logprobs=True)
+    calls = hf.stats.calls
+    results = generate_verdicts(hf, requests, "constrained")
+    assert hf.stats.calls - calls == 1
+    eos = hf.tokenizer.eos_token_id
+    for request, result in zip(requests, results):
+        assert len(result.completions) == 4
+        prompt = render(hf.tokenizer, request.messages)
+        for c in result.completions:
+            assert c.text in VERDICT_CHOICES and parse_verdict(c.text) != 0
+            assert c.token_ids == hf.tokenizer(c.text, add_special_tokens=False)[
+                "input_ids"] + [eos]
+            with torch.no_grad():
+                logits = hf.net(torch.tensor([prompt + c.token_ids])).logits[0]
+            want = torch.log_softmax(logits[len(prompt) - 1:-1].float(), -1).gather(
+                -1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            assert c.logprobs == pytest.approx(want.tolist(), abs=1e-4)
+
+
+def test_verdict_alone_needs_constrained_steps(cli, tmp_path):
+    (tmp_path / "t.jsonl").write_text("")
+    r = cli("judge", "-i", str(tmp_path / "t.jsonl"), "--max-tokens", "0", "--verdict", "free",
+            "--engine", "fake", "--model", "x")
+    assert r.returncode == 2 and "needs --verdict constrained" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
+
+
+def test_constrained_choice_probabilities_equal_a_token_by_token_walk(hf):
+    """The hf engine picks a choice from one prompt pass and one pass over the choices'
+    tokens; its distribution is the token-by-token trie walk's (checked against separate
+    full forward passes), and its greedy pick is the greedy walk's."""
+    import torch
+
+    choices = ("go to shelf 1", "go to shelf 2", "go to drawer 1", "look")
+    messages = [{"role": "user", "content": "pick an action"}]
+    prompt = render(hf.tokenizer, messages)
+    eos = hf.tokenizer.eos_token_id
+    seqs = [hf.tokenizer(c, add_special_tokens=False)["input_ids"] + [eos] for c in choices]
+
+    def next_logits(prefix):
+        with torch.no_grad():
+            return hf.net(torch.tensor([prompt + prefix])).logits[0, -1].float()
+
+    def walk(q, temperature):
+        p = 1.0
+        for t in range(len(q)):
+            kids = sorted({o[t] for o in seqs if len(o) > t and o[:t] == q[:t]})
+            z = next_logits(q[:t])[kids]
+            if temperature == 0:
+                p *= float(kids[int(z.argmax())] == q[t])
+            elif len(kids) > 1:
+                p *= float(torch.softmax(z / temperature, -1)[kids.index(q[t])])
+        return p
+
+    want = [walk(q, 2.0) for q in seqs]
+    assert sum(want) == pytest.approx(1.0)
+    (got,) = hf.generate([Request(messages, Sampling(n=4000, max_tokens=16, temperature=2.0,
+                                                     seed=1, choices=choices))])
+    freq = [sum(c.text == ch for c in got.completions) / 4000 for ch in choices]
+    assert freq == pytest.approx(want, abs=0.03)
+    greedy = [walk(q, 0) for q in seqs]
+    (top,) = hf.generate([Request(messages, Sampling(n=1, max_tokens=16, temperature=0,
+                                                     choices=choices, logprobs=True))])
+    assert top.completions[0].text == choices[greedy.index(1.0)]
+    c = top.completions[0]
+    want_lp = [float(torch.log_softmax(next_logits(c.token_ids[:t]), -1)[c.token_ids[t]])
+               for t in range(len(c.token_ids))]
+    assert c.logprobs == pytest.approx(want_lp, abs=1e-4)

@@ -46,9 +46,11 @@ class EvalOptions(EpisodeFields):
     judge_adapter: str | None = opt(None, "Reward-model adapter for the judge (implies "
                                     "--judge).", scope="io")
     m: int = opt(3, "Judge samples per step.", min=1)
-    judge_max_tokens: int = opt(384, "Max new tokens of the judge's reasoning.", min=1)
+    judge_max_tokens: int = opt(384, "Max new tokens of the judge's reasoning (0: the "
+                                "verdict alone).", min=0)
     judge_temperature: float = opt(0.8, "The judge's sampling temperature.", min=0)
     history_steps: int = opt(5, "Earlier actions shown to the judge.", min=0)
+    obs_lines: int = opt(0, "The judge's observation cap (see `rlany judge --help`).", min=0)
     judge_mode: str = opt("steps", "The judge's mode (see `rlany judge --help`).",
                           choices=("steps", "unit-tests"))
     verdict: str = opt("constrained", "The judge's verdict decoding (see `rlany judge "
@@ -60,6 +62,10 @@ class EvalOptions(EpisodeFields):
         if any(x > self.n for x in self.k):
             raise RlanyError(f"every {name('k')} must be <= {name('n')} {self.n}, got "
                              f"{list(self.k)}")
+        if self.judge_max_tokens == 0 and (self.verdict != "constrained"
+                                           or self.judge_mode != "steps"):
+            raise RlanyError(f"{name('judge_max_tokens')} 0 (the verdict alone) needs "
+                             f"{name('verdict')} constrained and {name('judge_mode')} steps")
 
     def rollout_options(self):
         from rlany.rollout import RolloutOptions
@@ -76,6 +82,7 @@ class EvalOptions(EpisodeFields):
                             m=self.m, max_tokens=self.judge_max_tokens,
                             temperature=self.judge_temperature, mode=self.judge_mode,
                             history_steps=self.history_steps, verdict=self.verdict,
+                            obs_lines=self.obs_lines,
                             last_step_only=self.judge_last_step_only)
 
 

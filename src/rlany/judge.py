@@ -45,6 +45,7 @@ MODES = ("steps", "unit-tests")
 
 
 VERDICTS = ("constrained", "free")
+SELECTS = ("all", "used")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,12 +56,17 @@ class JudgeOptions(EngineFields):
                       "reads (no --judgments needed). A file resumes (same flags); stdout "
                       "does not.", scope="io", short="-o")
     m: int = opt(3, "Judge samples per step.", min=1)
-    max_tokens: int = opt(384, "Max new tokens of each judge sample's reasoning.", min=1)
+    max_tokens: int = opt(384, "Max new tokens of each judge sample's reasoning. 0: no "
+                          "reasoning, the verdict alone (constrained): the m samples of a "
+                          "step then cost one prompt pass, not m generations.", min=0)
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
     top_p: float = opt(1.0, "Nucleus sampling top-p.", min=0, max=1, min_exclusive=True)
     batch_trajectories: int = opt(64, "Trajectories whose steps go to the engine in one call.",
                                   min=1)
     history_steps: int = opt(5, "Earlier actions shown to the judge.", min=0)
+    obs_lines: int = opt(0, "Cap the judge's prompt: what happened next, and the task's "
+                         "first observation at later steps, cut to their first N lines (0: "
+                         "whole). The observation the step acted on is always whole.", min=0)
     mode: str = opt("steps", "steps: m verdicts per step. unit-tests (coding): the judge writes "
                     "m tests per task and every program is run on them in the sandbox.",
                     choices=MODES)
@@ -68,8 +74,19 @@ class JudgeOptions(EngineFields):
                        "as exactly \\boxed{+1} or \\boxed{-1} (always readable). free: parse "
                        "whatever the judge wrote (unparseable scores 0).", choices=VERDICTS)
     last_step_only: bool = opt(False, "Judge only each trajectory's last step.")
+    select: str = opt("all", "Which tasks to judge. all: every step of every trajectory "
+                      "(the paper). used: only the tasks `score` can train on, i.e. not a "
+                      "pending candidate and with rollouts that neither all succeed nor all "
+                      "fail; the others get an unjudged record (no verdicts, `skipped` says "
+                      "why), so their step rewards are 0 and adapt-tasks has no critiques "
+                      "of them.", choices=SELECTS)
     test_cpu_s: float = opt(2.0, "unit-tests: CPU seconds per program per test.", min=0,
                             min_exclusive=True)
+
+    def check(self, name) -> None:
+        if self.max_tokens == 0 and (self.verdict != "constrained" or self.mode != "steps"):
+            raise RlanyError(f"{name('max_tokens')} 0 (the verdict alone) needs "
+                             f"{name('verdict')} constrained and {name('mode')} steps")
 
     @property
     def sampling(self) -> Sampling:
@@ -77,25 +94,37 @@ class JudgeOptions(EngineFields):
                         top_p=self.top_p)
 
 
-def step_prompts(traj: Trajectory, history_steps: int) -> list[list[dict]]:
+def step_prompts(traj: Trajectory, history_steps: int, obs_lines: int = 0
+                 ) -> list[list[dict]]:
     """The judge prompt of every step of one trajectory.
 
     The task is the policy's first user message; at step 0 its observation part is left out
-    (the prompt shows the observation anyway). Earlier steps are listed as the action and
+    (the prompt shows the observation anyway), and at later steps it is cut to `obs_lines`
+    lines (0: whole), as is what happened next. Earlier steps are listed as the action and
     the first line of what the env answered (the full state is in the current observation).
     """
     prompts = []
+    obs0 = traj.steps[0].obs if traj.steps else ""
     for t, step in enumerate(traj.steps):
         first_user = next((text_of(m["content"]) for m in step.prompt_messages
                            if m["role"] == "user"), "")
-        if t == 0 and step.obs and first_user.endswith(step.obs):
-            first_user = first_user[:-len(step.obs)].strip() or first_user
+        if obs0 and first_user.endswith(obs0):
+            head = first_user[:-len(obs0)]
+            if t == 0:
+                first_user = head.strip() or first_user
+            elif obs_lines:
+                first_user = head + _lines(obs0, obs_lines)
+        next_obs = _lines(step.next_obs, obs_lines) if obs_lines else step.next_obs
         earlier = traj.steps[max(0, t - history_steps):t]
         history = [f"step {t - len(earlier) + k}: {clip(s.action or s.response, 300)} -> "
                    f"{clip(_first_line(s.next_obs), 300)}" for k, s in enumerate(earlier)]
         prompts.append(judge_messages(first_user, history, step.obs, step.response,
-                                      step.next_obs, step.images, step.next_images))
+                                      next_obs, step.images, step.next_images))
     return prompts
+
+
+def _lines(text: str, n: int) -> str:
+    return "\n".join(text.splitlines()[:n])
 
 
 def _first_line(text: str) -> str:
@@ -137,8 +166,10 @@ def _task_groups(trajectories: Iterable[Trajectory]) -> Iterator[list[Trajectory
 
 def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOptions,
                  judge_info: dict) -> Iterator[list[Judgment]]:
-    prompts = {t.traj_id: list(enumerate(step_prompts(t, opts.history_steps)))
-               for g in batch for t in g}
+    skipped = {t.traj_id: why for g in batch if (why := unused(g, opts.select))
+               for t in g}
+    prompts = {t.traj_id: list(enumerate(step_prompts(t, opts.history_steps, opts.obs_lines)))
+               for g in batch for t in g if t.traj_id not in skipped}
     if opts.last_step_only:
         prompts = {tid: steps[-1:] for tid, steps in prompts.items()}
     requests = [Request(messages=p, adapter=opts.adapter,
@@ -150,6 +181,11 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
     for group in batch:
         judgments = []
         for traj in group:
+            if traj.traj_id in skipped:
+                judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
+                                          judge=judge_info, steps=[],
+                                          skipped=skipped[traj.traj_id]))
+                continue
             steps = []
             for k, messages in prompts[traj.traj_id]:
                 result = next(results)
@@ -161,6 +197,17 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
             judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
                                       judge=judge_info, steps=steps))
         yield judgments
+
+
+def unused(group: list[Trajectory], select: str) -> str | None:
+    """Why `--select used` leaves this task's trajectories unjudged (None: judge them)."""
+    if select == "all":
+        return None
+    if any(t.extra.get("candidate") for t in group):
+        return "candidate task, not accepted yet"
+    if len({t.outcome for t in group}) == 1:
+        return "uniform outcome"
+    return None
 
 
 def _unit_test_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOptions,
@@ -295,6 +342,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
                     yield t
         verdicts = {1: 0, -1: 0, 0: 0}
         tests: dict[str, int] = {}
+        skipped = 0
         try:
             with progress("judge", None) as bar:
                 for group in judge(todo(), engine, opts, {"model": engine.model,
@@ -306,6 +354,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
                             tests[key] = tests.get(key, 0) + value
                     for j in group:
                         outcomes.pop(j.traj_id, None)
+                        skipped += j.skipped is not None
                         for s in j.steps:
                             for sample in s.samples:
                                 verdicts[sample.score] += 1
@@ -313,13 +362,15 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         finally:
             out.close()
         out.finish()
-    counts = _judge_counts(verdicts, tests, out.count, engine, tokens0, secs0)
+    counts = {**_judge_counts(verdicts, tests, out.count, engine, tokens0, secs0),
+              "skipped": skipped}
     write_meta(opts.output, stage="judge", flags=flags, inputs=[reader], counts=counts,
                started=started, versions=GEN_VERSIONS)
     seconds = counts["generate_seconds"]
     info(f"judge: {counts['verdicts']} verdicts (+1: {verdicts[1]}, -1: {verdicts[-1]}, "
          f"unparseable: {verdicts[0]} = {counts['parse_fail_rate']:.1%}; share of +1 "
          f"{_pct(counts['positive_share'])}); {_tests_line(tests)}"
+         f"{f'{skipped} trajectories not judged (--select used); ' if skipped else ''}"
          f"{counts['completion_tokens']} tokens, "
          f"{counts['completion_tokens'] / seconds if seconds else 0:.0f} tokens/s -> "
          f"{opts.output} ({time.time() - started:.1f}s)")

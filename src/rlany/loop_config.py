@@ -16,7 +16,7 @@ from rlany.errors import RlanyError, UsageError
 # the judge settings [eval] inherits from [judge] (eval key <- judge key)
 EVAL_FROM_JUDGE = {"m": "m", "judge_max_tokens": "max_tokens",
                    "judge_temperature": "temperature", "history_steps": "history_steps",
-                   "judge_mode": "mode", "verdict": "verdict"}
+                   "judge_mode": "mode", "verdict": "verdict", "obs_lines": "obs_lines"}
 
 
 def _tables() -> dict[str, tuple[str, type, str]]:

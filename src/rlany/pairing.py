@@ -72,7 +72,11 @@ def interleaved(records: Iterable[tuple[str, Trajectory | Judgment]]
 
 def check_judgment(judgment: Judgment, traj: Trajectory, where: str) -> None:
     indices = [s.step for s in judgment.steps]
-    if indices != list(range(len(traj.steps))):
+    if judgment.skipped is not None:
+        if indices:
+            raise RlanyError(f"a skipped judgment ({judgment.skipped}) has no steps, got "
+                             f"{len(indices)}", where=where)
+    elif indices != list(range(len(traj.steps))):
         raise RlanyError(f"judgment covers steps {indices} but the trajectory has "
                          f"{len(traj.steps)} steps", where=where)
     if judgment.mode not in MODES:

@@ -112,6 +112,8 @@ def generate_verdicts(engine: Engine, requests: Sequence[Request],
     """The judge's samples for `requests`, every verdict readable in constrained mode.
 
     free: one generate call; whatever the judge wrote is parsed (0 when unreadable).
+    constrained with max_tokens 0 (every request): no reasoning; each request is one
+      constrained call whose n samples are the verdicts (one prompt pass for all of them).
     constrained, per sample j of a step:
       phase 1: the judge reasons freely up to max_tokens, stopping at "\\boxed{" or EOS;
       phase 2: the same assistant message continues (`Request.continuation`: the sampled
@@ -133,6 +135,11 @@ def generate_verdicts(engine: Engine, requests: Sequence[Request],
         return engine.generate(requests)
     if mode != "constrained":
         raise ValueError(f"verdict mode must be one of {VERDICT_MODES}, not {mode!r}")
+    if requests and all(r.sampling.max_tokens == 0 for r in requests):
+        # no reasoning: the m samples of a step are the verdict alone, drawn together
+        return engine.generate([replace(r, sampling=replace(
+            r.sampling, max_tokens=VERDICT_MAX_TOKENS, choices=VERDICT_CHOICES))
+            for r in requests])
     first = engine.generate([replace(r, sampling=replace(
         r.sampling, stop=(*r.sampling.stop, VERDICT_STOP))) for r in requests])
     exact = getattr(engine, "real_token_ids", True) and hasattr(engine, "decode")

@@ -123,6 +123,9 @@ class Judgment:
     # "steps": m verdicts per step; "unit-tests": m tests written once per task, shared by
     # its trajectories (same texts, in the same order), each run against every program
     mode: str = "steps"
+    # not judged (`judge --select used`): why; steps is then empty and `score` gives the
+    # trajectory no step scores and the reward model no samples
+    skipped: str | None = None
     extra: dict = field(default_factory=dict)
 
 

@@ -175,7 +175,8 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                 step_score=step_scores[i][t], reward=rewards[i][t], advantage=advantages[i][t],
                 keep=keep, judge=judge, truncated=bool(step.info.get("truncated", False)),
                 token_ids=step.token_ids, logprobs=step.logprobs,
-                judge_messages=judgment.steps[t].judge_messages if judgment else None))
+                judge_messages=judgment.steps[t].judge_messages
+                if judgment and judgment.steps else None))
         scored.append(Scored(traj_id=tr.traj_id, task_id=tr.task_id, iteration=tr.iteration,
                              sample=tr.sample, outcome=tr.outcome, task_acc=acc, steps=steps,
                              policy=tr.policy, extra=tr.extra))
@@ -190,7 +191,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
 
 
 def _mean_score(judgment: Judgment | None, t: int) -> float:
-    if judgment is None:
+    if judgment is None or judgment.skipped is not None:
         return 0.0
     samples = judgment.steps[t].samples
     return sum(s.score for s in samples) / len(samples)
@@ -199,7 +200,7 @@ def _mean_score(judgment: Judgment | None, t: int) -> float:
 def _consistency(judgment: Judgment | None, t: int, reward: float, rm_keep: bool,
                  opts: ScoreOptions) -> list[ScoredJudgeSample]:
     """r_itj = R_it · S_itj (penalty if unparseable), standardized within the m samples."""
-    if judgment is None:
+    if judgment is None or judgment.skipped is not None:
         return []
     samples = judgment.steps[t].samples
     r = [reward * s.score if s.score != 0 else opts.unparseable_penalty for s in samples]
@@ -253,15 +254,17 @@ def _test_rewards(group: list[tuple[str, Trajectory, Judgment | None]], rm_keep:
 
 def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
                  step_scores: list[list[float]]) -> dict:
-    if any(j is None for j in judgments):
+    judged = [(tr, j, s) for tr, j, s in zip(trajs, judgments, step_scores)
+              if j is not None and j.skipped is None]
+    if not judged or len(judged) < len(trajs) and any(j is None for j in judgments):
         return {"step_score_mean": None, "parse_fail_rate": None,
                 "judge_outcome_agreement": None}
-    verdicts = [s.score for j in judgments for st in j.steps for s in st.samples]
-    flat = [s for scores in step_scores for s in scores]
+    verdicts = [s.score for _, j, _ in judged for st in j.steps for s in st.samples]
+    flat = [s for _, _, scores in judged for s in scores]
     # A trajectory's judged quality agrees with its outcome when the sign of its mean step
-    # score matches O. Trajectories with no steps or a zero mean count as disagreeing.
-    agree = [(statistics.fmean(s) if s else 0.0) * tr.outcome > 0
-             for tr, s in zip(trajs, step_scores)]
+    # score matches O. Trajectories with no steps or a zero mean count as disagreeing;
+    # unjudged ones (`judge --select used`) do not count.
+    agree = [(statistics.fmean(s) if s else 0.0) * tr.outcome > 0 for tr, _, s in judged]
     return {
         "step_score_mean": statistics.fmean(flat) if flat else None,
         "parse_fail_rate": (sum(v == 0 for v in verdicts) / len(verdicts)) if verdicts else None,

@@ -50,6 +50,8 @@ class HfEngine:
         if torch.cuda.is_available():
             self.net.to("cuda")
         self.net.eval()
+        from rlany.train import _accepts_logits_to_keep
+        self._keep = _accepts_logits_to_keep(self.net)
         self._adapters: dict[str, str] = {}
         self._pad = self.tokenizer.pad_token_id
         if self._pad is None:
@@ -110,6 +112,9 @@ class HfEngine:
         n = s.n
         prompts = [render(self.tokenizer, requests[i].messages) + list(requests[i].continuation)
                    for i in idx]
+        seqs = self._choice_seqs([requests[i].sampling.choices for i in idx], s.max_tokens)
+        if seqs is not None:
+            return self._choose_chunk(requests, idx, prompts, seqs, results)
         width = max(len(p) for p in prompts)
         device = self.net.device
         ids = torch.tensor([[self._pad] * (width - len(p)) + p for p in prompts], device=device)
@@ -130,8 +135,12 @@ class HfEngine:
         with self._use_adapter(requests[idx[0]].adapter), torch.no_grad():
             if n > 1 and width > 1:
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                # only the cache is used: the LM head over every prompt position (49k-wide
+                # for SmolLM2) would cost as much as the body, so it runs on one position
+                keep = {"logits_to_keep": 1} if self._keep else {}
                 prefix = self.net(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
-                                  position_ids=positions[:, :-1], use_cache=True).past_key_values
+                                  position_ids=positions[:, :-1], use_cache=True,
+                                  **keep).past_key_values
                 prefix.batch_repeat_interleave(n)
                 kwargs["past_key_values"] = prefix
             out = self.net.generate(input_ids=ids.repeat_interleave(n, 0),
@@ -153,6 +162,107 @@ class HfEngine:
             results[i].completions.append(Completion(text=text, token_ids=tokens,
                                                      finish_reason=finish, logprobs=logprobs,
                                                      stop_reason=reason))
+
+    def _choice_seqs(self, rows: list[tuple[str, ...]], max_tokens: int
+                     ) -> list[list[list[int]]] | None:
+        """Each row's choices as canonical ids + EOS, or None when a row is free text or a
+        choice would not fit in max_tokens (then `generate` walks the trie, cutting it)."""
+        if not all(rows):
+            return None
+        eos = _as_list(self.net.generation_config.eos_token_id)[0]
+        seqs = [[self.tokenizer(c, add_special_tokens=False)["input_ids"] + [eos]
+                 for c in choices] for choices in rows]
+        return seqs if all(len(q) <= max_tokens for row in seqs for q in row) else None
+
+    def _choose_chunk(self, requests, idx: list[int], prompts: list[list[int]],
+                      seqs: list[list[list[int]]], results) -> None:
+        """Constrained requests without a decode loop: sampling token by token along the
+        choices' trie (what `generate` with the trie does) picks choice c with probability
+        prod over its nodes of the tempered softmax restricted to the node's children (a
+        node with one child is forced), top-p applied among them. All these logits come
+        from one prompt pass (its KV cache kept) and one pass over every choice's tokens:
+        on a CPU, `generate`'s decode steps cost several prompt passes (measured: the
+        judge's verdicts 5x faster). Same distribution; the random draws differ."""
+        import torch
+
+        s = requests[idx[0]].sampling
+        width = max(len(p) for p in prompts)
+        device = self.net.device
+        ids = torch.tensor([[self._pad] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                            device=device)
+        rows = [(k, q) for k, choice_seqs in enumerate(seqs) for q in choice_seqs]
+        span = max(len(q) for _, q in rows) - 1
+        keep = {"logits_to_keep": 1} if self._keep else {}
+        with self._use_adapter(requests[idx[0]].adapter), torch.no_grad():
+            out = self.net(input_ids=ids, attention_mask=mask,
+                           position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+                           **keep)
+            first = out.logits[:, -1].float()
+            at = torch.tensor([k for k, _ in rows], device=device)
+            later = None
+            if span:
+                cache = out.past_key_values
+                cache.reorder_cache(at)
+                cont = torch.tensor([q[:-1] + [self._pad] * (span - len(q) + 1) for _, q in rows],
+                                    device=device)
+                cmask = torch.tensor([[1] * (len(q) - 1) + [0] * (span - len(q) + 1)
+                                      for _, q in rows], device=device)
+                plen = mask.sum(-1)[at]
+                later = self.net(input_ids=cont, attention_mask=torch.cat([mask[at], cmask], 1),
+                                 position_ids=plen[:, None] + torch.arange(span, device=device),
+                                 past_key_values=cache).logits.float()
+        # logits[r][t]: the logits before token t of row r's choice
+        def logits(r: int, t: int):
+            return first[rows[r][0]] if t == 0 else later[r, t - 1]
+
+        torch.manual_seed(s.seed if s.seed is not None else self.seed + self.stats.calls)
+        start = 0
+        for k, i in enumerate(idx):
+            mine = list(range(start, start + len(seqs[k])))
+            start += len(seqs[k])
+            probs = torch.tensor([self._walk(mine, r, logits, s.temperature, s.top_p, rows)
+                                  for r in mine])
+            picks = ([int(probs.argmax())] * s.n if s.temperature == 0 else
+                     torch.multinomial(probs, s.n, replacement=True).tolist())
+            completions = []
+            for pick in picks:
+                q = rows[mine[pick]][1]
+                lp = None
+                if s.logprobs:
+                    lp = [float(torch.log_softmax(logits(mine[pick], t), -1)[q[t]])
+                          for t in range(len(q))]
+                completions.append(Completion(text=self.decode(q), token_ids=list(q),
+                                              finish_reason="stop", logprobs=lp))
+            results[i] = Result(prompt_token_ids=prompts[k], completions=completions)
+
+    @staticmethod
+    def _walk(mine: list[int], r: int, logits, temperature: float, top_p: float,
+              rows) -> float:
+        """Probability that a token-by-token walk of the trie of rows `mine` ends at row r
+        (temperature 0: 1 for the greedy walk's end, else 0)."""
+        import torch
+
+        q, p = rows[r][1], 1.0
+        for t in range(len(q)):
+            siblings = sorted({rows[o][1][t] for o in mine
+                               if len(rows[o][1]) > t and rows[o][1][:t] == q[:t]})
+            if len(siblings) == 1:
+                continue
+            z = logits(r, t)[siblings]
+            if temperature == 0:
+                if siblings[int(z.argmax())] != q[t]:
+                    return 0.0
+                continue
+            w = torch.softmax(z / temperature, -1)
+            if top_p < 1.0:  # the smallest set whose mass reaches top_p (at least one)
+                order = torch.argsort(w, descending=True)
+                cum = torch.cumsum(w[order], 0)
+                drop = order[1:][(cum[:-1] >= top_p)]
+                w[drop] = 0.0
+                w = w / w.sum()
+            p *= float(w[siblings.index(q[t])])
+        return p
 
     def _ending(self, tokens: list[int], stops: tuple[str, ...]
                 ) -> tuple[list[int], str, str | None]:
