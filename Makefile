@@ -72,8 +72,8 @@ bench-all: install
 
 # Does the loop learn? policy-only and the full loop, 3 seeds each, SmolLM2-135M on the
 # household env (hours on 2 CPU cores; resumable: rerun to continue). The reduced version
-# (1 seed, 3 iterations) takes ~13 min for policy-only and over an hour for the full loop,
-# whose judge dominates on 2 cores (a 30-minute target: missed). Both write
+# (1 seed, 3 iterations) takes ~13 min for policy-only and ~25 min for the full loop with
+# learn.toml's cheap judge (~40 min together: the 30-minute target is missed). Both write
 # benchmarks/results/learning.*
 bench-learning: install
 	$(PY) benchmarks/learning.py --readme

@@ -20,7 +20,7 @@ Writes benchmarks/results/learning.json, learning.md (the table) and learning-re
 (`rlany report`: plots of every run); `--readme` puts the table into README.md.
 
     python benchmarks/learning.py                       # policy-only and full, seeds 0 1 2
-    python benchmarks/learning.py --reduced             # seed 0, 3 iterations: over 1.5 h
+    python benchmarks/learning.py --reduced             # seed 0, 3 iterations: ~40 min here
     python benchmarks/learning.py --arms +step +rm --seeds 0
     python benchmarks/learning.py --report-only --readme
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
@@ -83,7 +83,12 @@ def summarize_run(run: Path) -> dict | None:
     return {"run": str(run), "iterations_done": len(metrics), "base": base, "final": curve[-1],
             "curve": curve, "train_acc": [m.get("train_acc") for m in metrics],
             "accepted_tasks": [m.get("accepted_tasks") or 0 for m in metrics],
-            "seconds": round(sum(sum((m.get("seconds") or {}).values()) for m in metrics), 1)}
+            "rm_samples": [m.get("rm_samples") for m in metrics],
+            "stage_seconds": [m.get("seconds") for m in metrics],
+            "seconds": round(sum(sum((m.get("seconds") or {}).values()) for m in metrics), 1),
+            # the run's own resolved config: what it ran with, also under --report-only
+            "config": json.loads((run / "config.json").read_text())
+            if (run / "config.json").exists() else None}
 
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -175,7 +180,7 @@ def main() -> dict:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to `rlany loop --set` (every run)")
     parser.add_argument("--reduced", action="store_true",
-                        help="seed 0, policy-only and full, 3 iterations (over 1.5 h on 2 cores)")
+                        help="seed 0, policy-only and full, 3 iterations (~40 min on 2 cores)")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: summarize the runs that exist")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")

@@ -14,7 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 FAST = ["bench_score", "bench_sandbox"]
-SLOW = ["bench_training", "bench_generation", "bench_engines", "bench_loop", "bench_trl"]
+SLOW = ["bench_training", "bench_generation", "bench_engines", "bench_loop", "bench_trl",
+        "bench_memory"]
 
 
 def main() -> None:

@@ -284,3 +284,60 @@ def test_probe_check_rules():
     assert check(near, [-1.05, -2.05], "a")["status"] == "indeterminate"
     with pytest.raises(RlanyError, match="tokenized the probe differently"):
         check(probe, [-1.0], "a")
+
+
+@pytest.mark.parametrize("serving", [False, True], ids=["plain-engine", "serving-adapter"])
+def test_training_on_the_engines_network_equals_a_fresh_load(tiny_model, tiny_lora, tmp_path,
+                                                             serving):
+    """One model in memory: the loop's trainer borrows the hf engine's network. The
+    checkpoint equals the one trained on a model loaded from disk (fresh adapter and a
+    continued one), the engine holds no extra adapter afterwards, serves as before, and
+    its base weights are the same tensors (never copied)."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from rlany.engines import EngineConfig, Request, Sampling
+    from rlany.engines.hf import HfEngine
+    from rlany.train_stage import run
+
+    trajs = [make_traj("q", i, +1 if i < 2 else -1, n_steps=2) for i in range(4)]
+    scores = [[[1, -1, 1], [1, 1, -1]], [[1, 1, 1], [-1, 1, 1]],
+              [[-1, -1, 1], [-1, 1, -1]], [[1, -1, -1], [-1, -1, -1]]]
+    scored, _ = score_group([(f"x:{i}", t, make_judgment(t, s))
+                             for i, (t, s) in enumerate(zip(trajs, scores))], ScoreOptions())
+    data = str(write_jsonl(tmp_path / "scored.jsonl", scored))
+    eng = HfEngine(EngineConfig(kind="hf", model=tiny_model, dtype="float32"))
+    ask = [Request([{"role": "user", "content": "hello"}], Sampling(max_tokens=6,
+                                                                    temperature=0))]
+    ask_lora = [Request(ask[0].messages, ask[0].sampling, adapter=tiny_lora)]
+    if serving:
+        eng.generate(ask_lora)
+    before = (eng.generate(ask)[0].completions[0].token_ids,
+              eng.generate(ask_lora)[0].completions[0].token_ids)
+    base_ids = {p.data_ptr() for n, p in eng.net.named_parameters() if "lora_" not in n}
+    for name, adapter in (("fresh", None), ("continued", tiny_lora)):
+        opts = TrainOptions(input=data, output="unused", model=tiny_model, dtype="float32",
+                            lr=1e-2, micro_batch=2, adapter=adapter, seed=3)
+        run(replace(opts, output=str(tmp_path / f"{name}-disk")), "policy", say=lambda s: None)
+        run(replace(opts, output=str(tmp_path / f"{name}-engine")), "policy",
+            say=lambda s: None, engine=eng)
+        got = load_file(tmp_path / f"{name}-engine" / "adapter_model.safetensors")
+        want = load_file(tmp_path / f"{name}-disk" / "adapter_model.safetensors")
+        assert got.keys() == want.keys() and got
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
+        meta = json.loads((tmp_path / f"{name}-engine" / "rlany.json").read_text())
+        assert meta["base_from"] == "engine"
+        assert json.loads((tmp_path / f"{name}-disk" / "rlany.json").read_text())[
+            "base_from"] == "disk"
+    assert not any(p.requires_grad for p in eng.net.parameters())
+    assert "default" not in getattr(eng.net, "peft_config", {})
+    # the same base tensors (PEFT may leave empty LoRA wrappers around them: names change)
+    assert {p.data_ptr() for n, p in eng.net.named_parameters() if "lora_" not in n} == base_ids
+    after = (eng.generate(ask)[0].completions[0].token_ids,
+             eng.generate(ask_lora)[0].completions[0].token_ids)
+    assert after == before
+    # the trained checkpoint is what the engine serves next
+    trained = [Request(ask[0].messages, ask[0].sampling, adapter=str(tmp_path / "fresh-engine"))]
+    assert eng.generate(trained)[0].completions

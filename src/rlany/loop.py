@@ -16,14 +16,16 @@ table per stage whose keys are that stage's flags, e.g. `[rollout] max_tokens = 
 and validation are the CLI's, the whole config is checked before anything runs, and the
 command the loop prints for each stage (`loop: $ rlany ...`) is exactly what it runs: run by
 hand in order, those commands give the same files. `[eval]` takes the judge's settings
-(m, max_tokens, temperature, history_steps, mode, verdict) from `[judge]` unless it sets
+(m, max_tokens, temperature, history_steps, mode, verdict, obs_lines) from `[judge]` unless it sets
 them itself (as judge_max_tokens, ...).
 
 Each stage is skipped when its output is complete (its `.meta.json` exists, or a checkpoint
 directory with `rlany.json`), so a killed loop reruns to the same result; rollout and judge
 resume inside a stage, training resumes from its last optimizer step. The generation engine
 starts once and serves the policy and the reward model as two LoRA adapters on one base
-model. Ablations are switches: `step_feedback` (false: outcome-only reward, lambda = 0),
+model; with the hf engine, training borrows that same network (a third, trainable adapter
+added beside them and removed after saving), so the base weights are in memory once.
+Ablations are switches: `step_feedback` (false: outcome-only reward, lambda = 0),
 `rm_training`, `env_adaptation`.
 """
 
@@ -179,7 +181,8 @@ class Loop:
         run = importlib.import_module(f"rlany.{module}").run
         kw: dict[str, Any] = {"engine": self.engine()} if stage.engine else {}
         if stage.table.startswith("train_"):
-            kw["kind"] = stage.table.removeprefix("train_")
+            # one model in memory: the trainer borrows the engine's network where it can
+            kw.update(kind=stage.table.removeprefix("train_"), engine=self._engine)
         try:
             run(opts, **kw)
         except RlanyError as e:

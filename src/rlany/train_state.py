@@ -76,7 +76,10 @@ def load_state(acc, partial: Path, step: int) -> None:
 def save_final(model, weights: dict, tokenizer, output: Path, meta: dict) -> None:
     tmp = output.with_name(output.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=weights)  # PEFT keeps the adapter's tensors
+    # PEFT keeps the adapter's tensors; only the trained one (a model borrowed from the
+    # engine also holds the adapters it serves)
+    kw = {"selected_adapters": [model.active_adapter]} if hasattr(model, "peft_config") else {}
+    model.save_pretrained(tmp, state_dict=weights, **kw)
     if not hasattr(model, "peft_config"):  # a full model directory needs its tokenizer
         tokenizer.save_pretrained(tmp)
     (tmp / "rlany.json").write_text(json.dumps(meta, indent=2) + "\n")
