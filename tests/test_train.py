@@ -57,13 +57,14 @@ def test_token_logprobs_matches_log_softmax():
 
 
 def test_response_logprobs_keep_only_response_logits_equals_full(tiny_model):
-    from rlany.train import _accepts_logits_to_keep, collate, response_logprobs
+    from rlany.compat import accepts_logits_to_keep
+    from rlany.train import collate, response_logprobs
 
     model, tok = load_model(tiny_model, None, TrainOptions(output="unused"))
     raw = [([{"role": "user", "content": "a much longer prompt " * k}], "answer 42", 1.0, True)
            for k in (1, 6, 3)]  # different prompt lengths: the kept window is the widest
     batch = collate(tokenize(tok, raw, max_len=512)[0], tok.eos_token_id)
-    assert _accepts_logits_to_keep(model)
+    assert accepts_logits_to_keep(model)
     with torch.no_grad():
         full, full_mask, _ = response_logprobs(model, batch, "cpu", keep=False)
         kept, kept_mask, _ = response_logprobs(model, batch, "cpu", keep=True)

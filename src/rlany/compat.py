@@ -183,3 +183,14 @@ def enable_cpu_masked_gqa() -> bool:
     use_gqa_in_sdpa._rlany = True
     sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
     return True
+
+
+def accepts_logits_to_keep(model) -> bool:
+    """Whether the causal LM under PEFT/Accelerate wrappers takes `logits_to_keep`
+    (transformers' models do; a custom one may not)."""
+    import inspect
+
+    inner = getattr(model, "module", model)  # DDP
+    if hasattr(inner, "get_base_model"):  # PEFT
+        inner = inner.get_base_model()
+    return "logits_to_keep" in inspect.signature(type(inner).forward).parameters

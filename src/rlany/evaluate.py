@@ -31,6 +31,12 @@ from rlany.options import opt
 from rlany.records import Judgment, Trajectory
 from rlany.rollout import EpisodeFields
 
+# eval's flags that are the judge's (eval key -> judge key); `rlany loop` fills them from
+# [judge] unless [eval] sets them
+JUDGE_FIELDS = {"m": "m", "judge_max_tokens": "max_tokens",
+                "judge_temperature": "temperature", "history_steps": "history_steps",
+                "judge_mode": "mode", "verdict": "verdict", "obs_lines": "obs_lines"}
+
 
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions(EpisodeFields):
@@ -62,10 +68,9 @@ class EvalOptions(EpisodeFields):
         if any(x > self.n for x in self.k):
             raise RlanyError(f"every {name('k')} must be <= {name('n')} {self.n}, got "
                              f"{list(self.k)}")
-        if self.judge_max_tokens == 0 and (self.verdict != "constrained"
-                                           or self.judge_mode != "steps"):
-            raise RlanyError(f"{name('judge_max_tokens')} 0 (the verdict alone) needs "
-                             f"{name('verdict')} constrained and {name('judge_mode')} steps")
+        # the judge's own rules, spelled with eval's flag names
+        flag = {judge_key: eval_key for eval_key, judge_key in JUDGE_FIELDS.items()}
+        self._judge_options().check(lambda key: name(flag.get(key, key)))
 
     def rollout_options(self):
         from rlany.rollout import RolloutOptions
@@ -74,16 +79,17 @@ class EvalOptions(EpisodeFields):
         return RolloutOptions(input=self.input, **same)
 
     def judge_options(self):
-        from rlany.judge import JudgeOptions
-
         if not (self.judge or self.judge_adapter):
             return None
+        return self._judge_options()
+
+    def _judge_options(self):
+        from rlany.judge import JudgeOptions
+
         return JudgeOptions(input=self.input, adapter=self.judge_adapter, seed=self.seed,
-                            m=self.m, max_tokens=self.judge_max_tokens,
-                            temperature=self.judge_temperature, mode=self.judge_mode,
-                            history_steps=self.history_steps, verdict=self.verdict,
-                            obs_lines=self.obs_lines,
-                            last_step_only=self.judge_last_step_only)
+                            last_step_only=self.judge_last_step_only,
+                            **{judge_key: getattr(self, eval_key)
+                               for eval_key, judge_key in JUDGE_FIELDS.items()})
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

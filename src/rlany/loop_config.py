@@ -13,11 +13,6 @@ from typing import Any
 
 from rlany.errors import RlanyError, UsageError
 
-# the judge settings [eval] inherits from [judge] (eval key <- judge key)
-EVAL_FROM_JUDGE = {"m": "m", "judge_max_tokens": "max_tokens",
-                   "judge_temperature": "temperature", "history_steps": "history_steps",
-                   "judge_mode": "mode", "verdict": "verdict", "obs_lines": "obs_lines"}
-
 
 def _tables() -> dict[str, tuple[str, type, str]]:
     """config table -> (command, options class, module with `run`)."""
@@ -167,7 +162,9 @@ def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:
                              where=cfg.path, hint="remove one of them")
         score["lam"] = 0.0  # --no-step-feedback on the command line is the ablation: it wins
     judge, evaluation = cfg.tables.get("judge", {}), cfg.tables.setdefault("eval", {})
-    for eval_key, judge_key in EVAL_FROM_JUDGE.items():
+    from rlany.evaluate import JUDGE_FIELDS
+
+    for eval_key, judge_key in JUDGE_FIELDS.items():
         if judge_key in judge and eval_key not in evaluation:
             evaluation[eval_key] = judge[judge_key]
     if "max_lora_rank" not in cfg.run:

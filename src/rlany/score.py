@@ -256,7 +256,7 @@ def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
                  step_scores: list[list[float]]) -> dict:
     judged = [(tr, j, s) for tr, j, s in zip(trajs, judgments, step_scores)
               if j is not None and j.skipped is None]
-    if not judged or len(judged) < len(trajs) and any(j is None for j in judgments):
+    if not judged:
         return {"step_score_mean": None, "parse_fail_rate": None,
                 "judge_outcome_agreement": None}
     verdicts = [s.score for _, j, _ in judged for st in j.steps for s in st.samples]

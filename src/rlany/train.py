@@ -244,6 +244,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
     from accelerate import Accelerator
 
     from rlany import train_state as state
+    from rlany.compat import accepts_logits_to_keep
 
     started = time.perf_counter()
     acc = Accelerator()
@@ -256,7 +257,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
     model, optimizer = acc.prepare(model, optimizer)
     state.save_trainable_only(acc, model)
 
-    keep = _accepts_logits_to_keep(model)
+    keep = accepts_logits_to_keep(model)
 
     def forward(batch: list[Sample]):
         return response_logprobs(model, collate(batch, pad), acc.device, keep)
@@ -325,17 +326,6 @@ def response_logprobs(model, batch, device, keep: bool = True):
     start = int(resp.any(dim=0).float().argmax())  # the first column with a response target
     logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=ids.shape[1] - start).logits
     return token_logprobs(logits, ids[:, start:]), resp[:, start:], adv
-
-
-def _accepts_logits_to_keep(model) -> bool:
-    """Whether the causal LM under PEFT/Accelerate wrappers takes `logits_to_keep`
-    (transformers' models do; a custom one may not)."""
-    import inspect
-
-    inner = getattr(model, "module", model)  # DDP
-    if hasattr(inner, "get_base_model"):  # PEFT
-        inner = inner.get_base_model()
-    return "logits_to_keep" in inspect.signature(type(inner).forward).parameters
 
 
 def old_logprobs_source(samples: list[Sample], mode: str) -> str:

@@ -85,11 +85,18 @@ def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = i
     `engine` (the loop's): where it is an hf engine holding this base model in this
     precision, in one process, its network is borrowed instead of loading another copy."""
     from rlany.compat import resolve_dtype
-    from rlany.jsonl import JsonlReader
+    from rlany.jsonl import JsonlReader, write_text_atomic
     from rlany.models import resolve_model
     from rlany.records import Scored
-    from rlany.stageio import check_adapter, output_lock, prepare_paths
-    from rlany.train import borrowed_model, load_model, policy_samples, rm_samples
+    from rlany.stageio import check_adapter, output_lock, prepare_paths, sha256_file
+    from rlany.train import (
+        borrowed_model,
+        load_model,
+        policy_samples,
+        rm_samples,
+        tokenize,
+        train,
+    )
 
     started = time.time()
     out = Path(opts.output)
@@ -125,60 +132,48 @@ def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = i
                          where=high[1], hint="token_ids must be sampled from this --model")
     # under torchrun/accelerate every process runs this; the first holds the lock for all
     lock = output_lock(opts.output) if os.environ.get("RANK", "0") == "0" else nullcontext()
-    with lock:
-        shared = _can_borrow(engine, base, opts)
-        with (borrowed_model(engine, opts.adapter, opts) if shared
-              else nullcontext(load_model(base, opts.adapter, opts))) as (net, tokenizer):
-            return _train(opts, kind, say, path, out, base, net, tokenizer, shared, extract,
-                          started)
+    shared = _can_borrow(engine, base, opts)
+    # the model is loaded (or borrowed) once the lock is held
+    with lock, (borrowed_model(engine, opts.adapter, opts) if shared else
+                nullcontext(load_model(base, opts.adapter, opts))) as (net, tokenizer):
+        reader = JsonlReader(path, Scored, "scored", name=opts.input)
+        samples, dropped = tokenize(tokenizer, extract(s for _, s in reader), opts.max_len)
+        if not samples:
+            raise RlanyError(f"no training samples: all {dropped} longer than --max-len "
+                             f"{opts.max_len}", where=opts.input)
+        metrics_path = out.with_name(out.name + ".metrics.jsonl")
+        lines: list[str] = []
+
+        def log(record: dict) -> None:
+            lines.append(json.dumps(record))
+            write_text_atomic(metrics_path, "\n".join(lines) + "\n")
+            if "loss" in record:
+                say(f"train-{kind} step {record['step']}/{record['of']}: loss "
+                    f"{record['loss']:+.4f} kl {record['kl']:.4f} clip {record['clip_frac']:.3f}"
+                    f" grad {record['grad_norm']:.3f} {record['tokens_per_s']:.0f} tok/s")
+
+        meta = {"kind": kind, "base_model": base, "init_adapter": opts.adapter,
+                "iteration": opts.iteration, "data": opts.input,
+                "data_sha256": sha256_file(path), "samples": len(samples),
+                "dropped_too_long": dropped, "dtype": opts.dtype,
+                "base_from": "engine" if shared else "disk"}
+        where = ", on the engine's network (one copy in memory)" if shared else ""
+        say(f"train-{kind}: {len(samples)} samples ({dropped} dropped as longer than "
+            f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}, "
+            f"{opts.dtype}{where}")
+        summary = train(samples, net, tokenizer, opts, out, meta, log)
+    say(f"train-{kind}: {summary['steps']} optimizer steps -> {opts.output} "
+        f"({time.time() - started:.1f}s)")
+    return summary
 
 
 def _can_borrow(engine, base: str, opts: TrainOptions) -> bool:
     """One model in memory: the engine's network serves as the trainer's when it is the
     hf engine's, of the same base model and precision, and training is one process."""
-    from pathlib import Path as P
-
     return (engine is not None and getattr(engine, "name", None) == "hf" and not opts.full
             and int(os.environ.get("WORLD_SIZE", "1")) == 1
             and getattr(engine, "dtype", None) == opts.dtype
-            and P(getattr(engine, "model", "")).resolve() == P(base).resolve())
-
-
-def _train(opts, kind, say, path, out, base, net, tokenizer, shared, extract, started):
-    from rlany.jsonl import JsonlReader, write_text_atomic
-    from rlany.records import Scored
-    from rlany.stageio import sha256_file
-    from rlany.train import tokenize, train
-
-    reader = JsonlReader(path, Scored, "scored", name=opts.input)
-    samples, dropped = tokenize(tokenizer, extract(s for _, s in reader), opts.max_len)
-    if not samples:
-        raise RlanyError(f"no training samples: all {dropped} longer than --max-len "
-                         f"{opts.max_len}", where=opts.input)
-    metrics_path = out.with_name(out.name + ".metrics.jsonl")
-    lines: list[str] = []
-
-    def log(record: dict) -> None:
-        lines.append(json.dumps(record))
-        write_text_atomic(metrics_path, "\n".join(lines) + "\n")
-        if "loss" in record:
-            say(f"train-{kind} step {record['step']}/{record['of']}: loss "
-                f"{record['loss']:+.4f} kl {record['kl']:.4f} clip {record['clip_frac']:.3f}"
-                f" grad {record['grad_norm']:.3f} {record['tokens_per_s']:.0f} tok/s")
-
-    meta = {"kind": kind, "base_model": base, "init_adapter": opts.adapter,
-            "iteration": opts.iteration, "data": opts.input,
-            "data_sha256": sha256_file(path), "samples": len(samples),
-            "dropped_too_long": dropped, "dtype": opts.dtype,
-            "base_from": "engine" if shared else "disk"}
-    where = ", on the engine's network (one copy in memory)" if shared else ""
-    say(f"train-{kind}: {len(samples)} samples ({dropped} dropped as longer than "
-        f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}, "
-        f"{opts.dtype}{where}")
-    summary = train(samples, net, tokenizer, opts, out, meta, log)
-    say(f"train-{kind}: {summary['steps']} optimizer steps -> {opts.output} "
-        f"({time.time() - started:.1f}s)")
-    return summary
+            and Path(getattr(engine, "model", "")).resolve() == Path(base).resolve())
 
 
 def _vocab_size(path: str) -> int | None:

@@ -33,7 +33,12 @@ class HfEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from rlany.compat import enable_cpu_masked_gqa, resolve_dtype, set_torch_threads
+        from rlany.compat import (
+            accepts_logits_to_keep,
+            enable_cpu_masked_gqa,
+            resolve_dtype,
+            set_torch_threads,
+        )
         enable_cpu_masked_gqa()
         set_torch_threads()
         self.model = cfg.model
@@ -50,8 +55,7 @@ class HfEngine:
         if torch.cuda.is_available():
             self.net.to("cuda")
         self.net.eval()
-        from rlany.train import _accepts_logits_to_keep
-        self._keep = _accepts_logits_to_keep(self.net)
+        self._keep = accepts_logits_to_keep(self.net)
         self._adapters: dict[str, str] = {}
         self._pad = self.tokenizer.pad_token_id
         if self._pad is None:
@@ -115,11 +119,8 @@ class HfEngine:
         seqs = self._choice_seqs([requests[i].sampling.choices for i in idx], s.max_tokens)
         if seqs is not None:
             return self._choose_chunk(requests, idx, prompts, seqs, results)
-        width = max(len(p) for p in prompts)
-        device = self.net.device
-        ids = torch.tensor([[self._pad] * (width - len(p)) + p for p in prompts], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
-                            device=device)
+        ids, mask = self._left_padded(prompts)
+        width = ids.shape[1]
         torch.manual_seed(s.seed if s.seed is not None else self.seed + self.stats.calls)
         kwargs = dict(max_new_tokens=s.max_tokens, pad_token_id=self._pad,
                       return_dict_in_generate=True, output_logits=s.logprobs)
@@ -163,15 +164,30 @@ class HfEngine:
                                                      finish_reason=finish, logprobs=logprobs,
                                                      stop_reason=reason))
 
+    def _left_padded(self, prompts: list[list[int]]):
+        """(ids, attention mask) of the prompts, left-padded to the longest."""
+        import torch
+
+        width = max(len(p) for p in prompts)
+        device = self.net.device
+        ids = torch.tensor([[self._pad] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                            device=device)
+        return ids, mask
+
+    def _choice_ids(self, choices: tuple[str, ...]) -> list[list[int]]:
+        """Each choice as its canonical token ids followed by EOS."""
+        eos = _as_list(self.net.generation_config.eos_token_id)[0]
+        return [self.tokenizer(c, add_special_tokens=False)["input_ids"] + [eos]
+                for c in choices]
+
     def _choice_seqs(self, rows: list[tuple[str, ...]], max_tokens: int
                      ) -> list[list[list[int]]] | None:
-        """Each row's choices as canonical ids + EOS, or None when a row is free text or a
-        choice would not fit in max_tokens (then `generate` walks the trie, cutting it)."""
+        """Each row's `_choice_ids`, or None when a row is free text or a choice would not
+        fit in max_tokens (then `generate` walks the trie, cutting it)."""
         if not all(rows):
             return None
-        eos = _as_list(self.net.generation_config.eos_token_id)[0]
-        seqs = [[self.tokenizer(c, add_special_tokens=False)["input_ids"] + [eos]
-                 for c in choices] for choices in rows]
+        seqs = [self._choice_ids(choices) for choices in rows]
         return seqs if all(len(q) <= max_tokens for row in seqs for q in row) else None
 
     def _choose_chunk(self, requests, idx: list[int], prompts: list[list[int]],
@@ -186,11 +202,8 @@ class HfEngine:
         import torch
 
         s = requests[idx[0]].sampling
-        width = max(len(p) for p in prompts)
+        ids, mask = self._left_padded(prompts)
         device = self.net.device
-        ids = torch.tensor([[self._pad] * (width - len(p)) + p for p in prompts], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
-                            device=device)
         rows = [(k, q) for k, choice_seqs in enumerate(seqs) for q in choice_seqs]
         span = max(len(q) for _, q in rows) - 1
         keep = {"logits_to_keep": 1} if self._keep else {}
@@ -292,8 +305,7 @@ class HfEngine:
     def _choice_fn(self, rows: list[tuple[str, ...]], width: int):
         """generate's prefix_allowed_tokens_fn: row r may continue only along a choice."""
         eos = _as_list(self.net.generation_config.eos_token_id)[0]
-        seqs = [[self.tokenizer(c, add_special_tokens=False)["input_ids"] + [eos]
-                 for c in choices] for choices in rows]
+        seqs = [self._choice_ids(choices) for choices in rows]
         vocab = list(range(len(self.tokenizer)))
 
         def allowed(row: int, input_ids) -> list[int]:
