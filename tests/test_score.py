@@ -205,3 +205,18 @@ def test_cli_wrong_file_kind_gets_a_hint(tmp_path, cli):
 def test_cli_debug_shows_traceback(tmp_path, cli):
     r = cli("score", "-i", str(tmp_path / "missing.jsonl"), env={"RLANY_DEBUG": "1"})
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_cli_a_skipped_judgment_with_steps_names_its_line(tmp_path, cli):
+    t, j = _inputs(tmp_path)
+    lines = j.read_text().splitlines()
+    record = json.loads(lines[4])
+    record["skipped"] = "uniform outcome"          # but it still carries verdicts
+    lines[4] = json.dumps(record)
+    j.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "s.jsonl"
+    r = cli("score", "-i", str(t), "-j", str(j), "-o", str(out))
+    assert r.returncode == 1
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and f"{j}:5:" in err[0] and "skipped judgment" in err[0], r.stderr
+    assert not out.exists()

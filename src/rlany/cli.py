@@ -64,6 +64,8 @@ _stage("judge", "judge", "JudgeOptions",
        "every verdict is readable). With --mode unit-tests (coding) the reward model writes "
        "m tests per task instead, and each program's verdicts are whether it passes them.",
        "rlany judge -i trajectories.jsonl -o judgments.jsonl --model smollm2 --m 3",
+       "rlany judge -i trajectories.jsonl -o judgments.jsonl --model smollm2 --m 4 "
+       "--max-tokens 0 --select used --obs-lines 1",
        "rlany judge -i code_traj.jsonl -o judgments.jsonl --mode unit-tests --m 4",
        "rlany judge -i traj.jsonl -o judgments.jsonl --engine openai --base-url "
        "http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct")
