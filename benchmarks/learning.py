@@ -17,11 +17,15 @@ step labels (arms with a judge), accepted tasks per iteration (full), seconds pe
 Runs are the loop's own run directories (runs/learning/ARM-sSEED): a killed or interrupted
 benchmark resumes where it stopped, and `--report-only` summarizes whatever is complete.
 Writes benchmarks/results/learning.json, learning.md (the table) and learning-report/
-(`rlany report`: plots of every run); `--readme` puts the table into README.md.
+(`rlany report`: plots of every run); `--readme` puts the table into README.md. The reduced
+version (a smoke run of the whole benchmark: policy-only and full, seed 0, 2 iterations) has
+its own runs (runs/learning-reduced) and results (learning-reduced.*), so it never resumes
+or overwrites the full benchmark's.
 
     python benchmarks/learning.py                       # policy-only and full, seeds 0 1 2
-    python benchmarks/learning.py --reduced             # seed 0, 3 iterations: ~40 min here
+    python benchmarks/learning.py --reduced             # seed 0, 2 iterations: ~25 min here
     python benchmarks/learning.py --arms +step +rm --seeds 0
+    python benchmarks/learning.py --arms +rm --tag balance --set score.rm_balance=true
     python benchmarks/learning.py --report-only --readme
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
 """
@@ -34,6 +38,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -68,6 +73,33 @@ def _eval(path: Path) -> dict | None:
             "success": e["success_rate"], "judge_step_accuracy": e.get("judge_step_accuracy")}
 
 
+def judge_on_rollouts(it_dir: Path) -> dict | None:
+    """The judge's verdicts on one iteration's rollouts against the env's step labels
+    (balanced accuracy) and its share of +1 verdicts, read from the iteration's files (so
+    runs made before the judge stage reported it are covered too)."""
+    from rlany.evaluate import judge_metrics
+    from rlany.records import JudgeSample, Judgment, Trajectory, from_json
+
+    if not (it_dir / "judgments.jsonl").exists():
+        return None
+
+    def read(name, cls):
+        with open(it_dir / name) as f:
+            return [from_json(cls, json.loads(line)) for line in f if line.strip()]
+    trajs = {t.traj_id: t for t in read("trajectories.jsonl", Trajectory)}
+    judged = [j for j in read("judgments.jsonl", Judgment) if j.steps]
+    judged_trajs = [trajs[j.traj_id] for j in judged]
+    m = judge_metrics(judged_trajs, judged)
+    # the consistency target's own agreement with the labels: a judge that gave every step
+    # its trajectory's outcome (what consistency feedback pulls toward) would score this
+    oracle = [replace(j, steps=[replace(st, samples=[JudgeSample(text="", score=t.outcome)])
+                                for st in j.steps]) for j, t in zip(judged, judged_trajs)]
+    scores = [s.score for j in judged for st in j.steps for s in st.samples if s.score]
+    return {"label_accuracy": m["judge_step_accuracy"],
+            "outcome_label_accuracy": judge_metrics(judged_trajs, oracle)["judge_step_accuracy"],
+            "positive_share": sum(v == 1 for v in scores) / len(scores) if scores else None}
+
+
 def summarize_run(run: Path) -> dict | None:
     """Base and latest evaluation, the curve, and the loop's per-iteration metrics."""
     base = _eval(run / "eval_base.json")
@@ -85,6 +117,7 @@ def summarize_run(run: Path) -> dict | None:
             "accepted_tasks": [m.get("accepted_tasks") or 0 for m in metrics],
             "rm_samples": [m.get("rm_samples") for m in metrics],
             "stage_seconds": [m.get("seconds") for m in metrics],
+            "judge_on_rollouts": [judge_on_rollouts(d) for d in sorted(run.glob("iter_*"))],
             "seconds": round(sum(sum((m.get("seconds") or {}).values()) for m in metrics), 1),
             # the run's own resolved config: what it ran with, also under --report-only
             "config": json.loads((run / "config.json").read_text())
@@ -130,6 +163,13 @@ def arm_summary(runs: list[dict]) -> dict:
             "judge_step_accuracy": [mean(r["base"]["judge_step_accuracy"] for r in runs),
                                     mean(r["final"]["judge_step_accuracy"] for r in runs)],
             "accepted_tasks": [r["accepted_tasks"] for r in runs],
+            # mean over seeds, per iteration: the judge on the rollouts it judged, and the
+            # outcome's own accuracy there (the most consistency feedback can teach)
+            "judge_on_rollouts": [
+                {k: mean(j[k] if j else None for j in col)
+                 for k in ("label_accuracy", "outcome_label_accuracy", "positive_share")}
+                for col in zip(*(r["judge_on_rollouts"] for r in runs))]
+            if all(r.get("judge_on_rollouts") for r in runs) else None,
             "minutes_per_run": mean(r["seconds"] / 60 for r in runs)}
 
 
@@ -140,12 +180,19 @@ def table(arms: dict) -> str:
     def num(v):
         return "-" if v is None else f"{v:.3f}"
 
+    def rollouts(per_it):
+        if not per_it or per_it[0]["label_accuracy"] is None:
+            return "-"
+        return " / ".join(f"{j['label_accuracy']:.2f} ({j['outcome_label_accuracy']:.2f})"
+                          for j in per_it)
+
     def seeds_t(t):
         return "" if t is None else f" ({t[0]:+.2f} to {t[1]:+.2f})"
     lines = ["| arm | seeds | iterations | base success (95%) | final success (95%) | gain "
              "(95%, pooled) | gain per seed (95% t over seeds) | final per seed | judge step "
-             "acc. | accepted tasks | stage min/run |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "acc. (eval) | judge on its rollouts, per iteration (outcome) | accepted tasks | "
+             "stage min/run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, s in arms.items():
         judge = s["judge_step_accuracy"]
         lines.append(
@@ -154,7 +201,7 @@ def table(arms: dict) -> str:
             f"({ci(s['final_ci95'])}) | {s['gain']:+.3f} ({s['gain_ci95'][0]:+.2f} to "
             f"{s['gain_ci95'][1]:+.2f}) | {', '.join(f'{g:+.3f}' for g in s['gain_per_seed'])}"
             f"{seeds_t(s['gain_seeds_t95'])} | {', '.join(map(str, s['per_seed']))} | "
-            f"{num(judge[0])} -> {num(judge[1])} | "
+            f"{num(judge[0])} -> {num(judge[1])} | {rollouts(s['judge_on_rollouts'])} | "
             f"{'; '.join(','.join(map(str, a)) for a in s['accepted_tasks'])} | "
             f"{s['minutes_per_run']:.0f} |")
     return "\n".join(lines) + "\n"
@@ -176,40 +223,54 @@ def main() -> dict:
                         choices=list(ARMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, help="override the config's iterations")
-    parser.add_argument("--runs-dir", default="runs/learning")
+    parser.add_argument("--runs-dir", help="default: runs/learning (runs/learning-reduced)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to `rlany loop --set` (every run)")
+    parser.add_argument("--tag", help="a variant of the arms (with --set): runs are named "
+                        "ARM-TAG-sSEED and reported as their own rows, e.g. --tag balance "
+                        "--set score.rm_balance=true")
     parser.add_argument("--reduced", action="store_true",
-                        help="seed 0, policy-only and full, 3 iterations (~40 min on 2 cores)")
+                        help="seed 0, policy-only and full, 2 iterations (~25 min on 2 cores)")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: summarize the runs that exist")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
     sets = list(args.set)
+    if args.reduced and args.readme:
+        parser.error("--readme writes the full benchmark's table, not the reduced one's")
     if args.reduced:
         args.seeds, args.arms = [0], ["policy-only", "full"]
-        sets += ["iterations=3", "eval_every=3"]
+        sets += ["iterations=2", "eval_every=2"]
+    bench = "learning-reduced" if args.reduced else "learning"
+    args.runs_dir = args.runs_dir or f"runs/{bench}"
     if args.iterations:
         sets.append(f"iterations={args.iterations}")
     started = time.perf_counter()
     by_arm: dict[str, list[dict]] = {}
     for seed in args.seeds:
         for arm in args.arms:
-            name = f"{arm.strip('+')}-s{seed}"
-            if not args.report_only:
-                run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
-            summary = summarize_run(Path(args.runs_dir) / name)
-            if summary and len(summary["curve"]) > 1:  # evaluated after training at least once
-                by_arm.setdefault(arm, []).append({"seed": seed, **summary})
+            tags = [args.tag]
+            if args.report_only:  # every variant of the arm found for this seed
+                stem = arm.strip("+")
+                tags = [None] + sorted(d.name[len(stem) + 1:-len(f"-s{seed}")] for d in
+                                       Path(args.runs_dir).glob(f"{stem}-*-s{seed}"))
+            for tag in tags:
+                name = f"{arm.strip('+')}{f'-{tag}' if tag else ''}-s{seed}"
+                if not args.report_only:
+                    run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
+                summary = summarize_run(Path(args.runs_dir) / name)
+                if summary and len(summary["curve"]) > 1:  # evaluated after training once
+                    key = f"{arm} [{tag}]" if tag else arm
+                    by_arm.setdefault(key, []).append({"seed": seed, **summary})
     if not by_arm:
         raise SystemExit(f"no evaluated runs under {args.runs_dir}")
     arms = {arm: arm_summary(runs) for arm, runs in by_arm.items()}
     text = table(arms)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "learning.md").write_text(text)
+    (RESULTS / f"{bench}.md").write_text(text)
     run_dirs = [r["run"] for runs in by_arm.values() for r in runs]
-    report = RESULTS / "learning-report"
+    report = RESULTS / f"{bench}-report"
     subprocess.run([sys.executable, "-m", "rlany", "report", *run_dirs, "-o", str(report)],
                    check=False)
     if args.readme:
@@ -218,7 +279,7 @@ def main() -> dict:
               "config": args.config, "sets": sets, "arms": arms, "runs": by_arm,
               "seconds": round(time.perf_counter() - started, 1),
               "note": "run alone on the machine (one CPU-heavy process at a time)"}
-    save("learning", result)
+    save(bench, result)
     return result
 
 

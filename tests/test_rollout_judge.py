@@ -365,3 +365,50 @@ def test_select_used_judges_only_the_tasks_score_can_train_on(tmp_path):
     assert all(s.step_score == 0.0 and not s.judge for s in t1.steps)
     assert t1_stats.rm_samples == 0 and t1_stats.judge_outcome_agreement is None
     assert not t1_stats.policy_keep                     # no step scores separate them
+
+
+def test_judge_stage_reports_its_accuracy_against_the_env_step_labels(tmp_path):
+    """The judge stage's sidecar carries the verdicts' balanced accuracy against household's
+    step labels; it equals eval's judge_metrics on the same judgments (a constant judge
+    scores 0.5, one that is right on every detour more)."""
+    from rlany.envs.household import expert_actions
+    from rlany.envs.household import make_tasks as household_tasks
+    from rlany.evaluate import judge_metrics
+    from rlany.judge import run as judge_run
+    from rlany.records import Judgment, Trajectory, from_json
+
+    tasks = household_tasks(3, seed=2)
+    plans = {t.prompt[:60]: expert_actions(t.spec) for t in tasks}
+
+    def policy(req, k):  # a detour first ("look"), then the expert plan
+        text = " ".join(str(m["content"]) for m in req.messages)
+        plan = ["look", *next(p for key, p in plans.items() if key in text)]
+        return plan[min(sum(m["role"] == "assistant" for m in req.messages), len(plan) - 1)]
+
+    trajs = [t for g in rollout(tasks, FakeEngine(policy), envs.make_env,
+                                RolloutOptions(n=1, max_steps=12, history_turns=20)) for t in g]
+    labels = [s.info.get("label") for t in trajs for s in t.steps]
+    assert 1 in labels and -1 in labels
+    traj_file = write_jsonl(tmp_path / "traj.jsonl", trajs)
+
+    def reads_the_step(req, k):
+        text = "\n".join(str(m["content"]) for m in req.messages)
+        return "\\boxed{-1}" if "at this step\nlook\n" in text else "\\boxed{+1}"
+
+    for name, verdict, want in (("reads", reads_the_step, None),
+                                ("yes", lambda req, k: "\\boxed{+1}", 0.5),
+                                ("no", lambda req, k: "\\boxed{-1}", 0.5)):
+        out = tmp_path / f"{name}.jsonl"
+        counts = judge_run(JudgeOptions(input=str(traj_file), output=str(out), m=2,
+                                        history_steps=0), engine=FakeEngine(verdict))
+        meta = json.loads((tmp_path / f"{name}.meta.json").read_text())["counts"]
+        judged = [from_json(Judgment, d) for d in read_jsonl(out)]
+        same = judge_metrics([from_json(Trajectory, d) for d in read_jsonl(traj_file)], judged)
+        assert meta["label_accuracy"] == counts["label_accuracy"]
+        assert meta["label_accuracy"] == pytest.approx(same["judge_step_accuracy"])
+        assert meta["labelled_verdicts"] == 2 * len(labels)
+        if want is not None:
+            assert meta["label_accuracy"] == pytest.approx(want)
+            assert meta["positive_share"] == (1.0 if name == "yes" else 0.0)
+        else:  # right on every detour, so better than a constant judge
+            assert meta["label_accuracy"] > 0.5

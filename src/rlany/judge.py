@@ -331,16 +331,19 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
             info(f"judge: resuming, {len(done)} tasks already judged")
         tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
         outcomes: dict[str, int] = {}
+        labels: dict[str, list] = {}  # the env's step labels (+1 / -1), where it gives them
         held: dict[str, Trajectory] = {}  # -o -: trajectories passed through to the pipe
 
         def todo():
             for _, t in reader:
                 if t.task_id not in done:
                     outcomes[t.traj_id] = t.outcome
+                    labels[t.traj_id] = [s.info.get("label") for s in t.steps]
                     if out.stream:
                         held[t.traj_id] = t
                     yield t
         verdicts = {1: 0, -1: 0, 0: 0}
+        by_label = {1: [0, 0], -1: [0, 0]}  # step label -> [verdicts, verdicts equal to it]
         tests: dict[str, int] = {}
         skipped = 0
         try:
@@ -354,22 +357,32 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
                             tests[key] = tests.get(key, 0) + value
                     for j in group:
                         outcomes.pop(j.traj_id, None)
+                        step_labels = labels.pop(j.traj_id, [])
                         skipped += j.skipped is not None
                         for s in j.steps:
+                            label = step_labels[s.step] if s.step < len(step_labels) else None
                             for sample in s.samples:
                                 verdicts[sample.score] += 1
+                                if label in by_label:
+                                    by_label[label][0] += 1
+                                    by_label[label][1] += sample.score == label
                     bar.advance()
         finally:
             out.close()
         out.finish()
+    rates = [ok / n for n, ok in by_label.values() if n]
     counts = {**_judge_counts(verdicts, tests, out.count, engine, tokens0, secs0),
-              "skipped": skipped}
+              "skipped": skipped,
+              # balanced accuracy against the env's step labels, on the steps judged here
+              "label_accuracy": sum(rates) / len(rates) if rates else None,
+              "labelled_verdicts": by_label[1][0] + by_label[-1][0]}
     write_meta(opts.output, stage="judge", flags=flags, inputs=[reader], counts=counts,
                started=started, versions=GEN_VERSIONS)
     seconds = counts["generate_seconds"]
     info(f"judge: {counts['verdicts']} verdicts (+1: {verdicts[1]}, -1: {verdicts[-1]}, "
          f"unparseable: {verdicts[0]} = {counts['parse_fail_rate']:.1%}; share of +1 "
-         f"{_pct(counts['positive_share'])}); {_tests_line(tests)}"
+         f"{_pct(counts['positive_share'])}{_label_line(counts['label_accuracy'])}); "
+         f"{_tests_line(tests)}"
          f"{f'{skipped} trajectories not judged (--select used); ' if skipped else ''}"
          f"{counts['completion_tokens']} tokens, "
          f"{counts['completion_tokens'] / seconds if seconds else 0:.0f} tokens/s -> "
@@ -390,6 +403,11 @@ def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: in
             "completion_tokens": engine.stats.completion_tokens - tokens0,
             "generate_seconds": round(engine.stats.seconds - secs0, 3), **tests,
             **adapter_checks(engine)}
+
+
+def _label_line(accuracy: float | None) -> str:
+    return "" if accuracy is None else f"; balanced accuracy vs the env's step labels " \
+        f"{accuracy:.1%}"
 
 
 def _pct(x: float | None) -> str:

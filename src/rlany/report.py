@@ -17,6 +17,7 @@ PLOTS = [
     ("train_acc", "train accuracy (rollouts)"),
     ("eval_success", "eval success rate"),
     ("eval_judge_step_accuracy", "judge step accuracy (eval)"),
+    ("judge_label_accuracy", "judge step accuracy (judged rollouts)"),
     ("judge_parse_fail_rate", "judge unparseable rate"),
     ("accepted_tasks", "accepted new tasks"),
     ("policy_loss", "policy loss"),

@@ -18,6 +18,9 @@ Reward model (consistency feedback):
     a_itj = standardized r within the m samples of step (i, t)
     A step whose m verdicts all agree teaches nothing and is not kept; only tasks with
     rm_acc_min <= acc(q) <= rm_acc_max (0.2, 0.8) give reward-model data.
+    `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
+    weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
+    cheapest way to agree with R is to say -1 more often, whatever the step.
 
 Reward model in unit-tests mode (coding; judgments with mode "unit-tests"): the m samples
 are tests T_1..T_m written once for the task, and S_ij = +1 when program i passes T_j.
@@ -45,7 +48,7 @@ import statistics
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rlany.errors import RlanyError
@@ -78,6 +81,10 @@ class ScoreOptions:
                             min=0, max=1)
     rm_acc_max: float = opt(0.8, "Reward-model data only from tasks with accuracy <= this.",
                             min=0, max=1)
+    rm_balance: bool = opt(False, "Weight a task's reward-model steps so those with R > 0 and "
+                           "those with R < 0 weigh the same: consistency feedback then cannot "
+                           "be met by a bias toward -1 (most steps of a hard task fail) and "
+                           "teaches which steps are good.")
 
     def check(self, name) -> None:
         if self.rm_acc_min > self.rm_acc_max:
@@ -181,6 +188,8 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                              sample=tr.sample, outcome=tr.outcome, task_acc=acc, steps=steps,
                              policy=tr.policy, extra=tr.extra))
 
+    if opts.rm_balance and tests is None:
+        scored = _balanced(scored)
     stats = TaskStats(
         task_id=trajs[0].task_id, n=n, successes=successes, acc=acc,
         mean_steps=statistics.fmean(len(t.steps) for t in trajs),
@@ -188,6 +197,21 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
         rm_reason=rm_reason, policy_samples=policy_samples, rm_samples=rm_samples,
         **_judge_stats(trajs, judgments, step_scores))
     return scored, stats
+
+
+def _balanced(scored: list[Scored]) -> list[Scored]:
+    """--rm-balance: the advantages of a task's kept reward-model samples, scaled per step
+    so the steps with R > 0 and those with R < 0 carry equal total weight (each side
+    k / (2 k_side) for k kept steps); a task with kept steps on one side only is unchanged."""
+    sides = [step.reward > 0 for tr in scored for step in tr.steps
+             if any(j.keep for j in step.judge)]
+    k, k_pos = len(sides), sum(sides)
+    if k_pos in (0, k):
+        return scored
+    weight = {True: k / (2 * k_pos), False: k / (2 * (k - k_pos))}
+    return [replace(tr, steps=[replace(step, judge=[
+        replace(j, advantage=j.advantage * weight[step.reward > 0]) for j in step.judge])
+        for step in tr.steps]) for tr in scored]
 
 
 def _mean_score(judgment: Judgment | None, t: int) -> float:
