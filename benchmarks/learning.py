@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -122,6 +123,27 @@ def summarize_run(run: Path) -> dict | None:
             # the run's own resolved config: what it ran with, also under --report-only
             "config": json.loads((run / "config.json").read_text())
             if (run / "config.json").exists() else None}
+
+
+RUN_NAME = re.compile(r"^(policy-only|step|rm|full)(?:-(.+))?-s(\d+)$")
+
+
+def collect(runs_dir: Path) -> dict[str, list[dict]]:
+    """Every run under runs_dir evaluated after training at least once, by arm (a tagged
+    variant is its own row, "ARM [TAG]"), in the arms' order, seeds ascending."""
+    found = []
+    for d in runs_dir.iterdir() if runs_dir.is_dir() else []:
+        m = RUN_NAME.match(d.name)
+        if m:
+            arm = next(a for a in ARMS if a.strip("+") == m[1])
+            found.append((list(ARMS).index(arm), m[2] or "", int(m[3]), arm, d))
+    by_arm: dict[str, list[dict]] = {}
+    for _, tag, seed, arm, d in sorted(found, key=lambda f: f[:3]):
+        summary = summarize_run(d)
+        if summary and len(summary["curve"]) > 1:
+            by_arm.setdefault(f"{arm} [{tag}]" if tag else arm, []).append(
+                {"seed": seed, **summary})
+    return by_arm
 
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -232,7 +254,8 @@ def main() -> dict:
     parser.add_argument("--reduced", action="store_true",
                         help="seed 0, policy-only and full, 2 iterations (~25 min on 2 cores)")
     parser.add_argument("--report-only", action="store_true",
-                        help="run nothing: summarize the runs that exist")
+                        help="run nothing: summarize the runs that exist (the summary "
+                        "always covers every evaluated run under --runs-dir)")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
     sets = list(args.set)
@@ -246,22 +269,12 @@ def main() -> dict:
     if args.iterations:
         sets.append(f"iterations={args.iterations}")
     started = time.perf_counter()
-    by_arm: dict[str, list[dict]] = {}
-    for seed in args.seeds:
-        for arm in args.arms:
-            tags = [args.tag]
-            if args.report_only:  # every variant of the arm found for this seed
-                stem = arm.strip("+")
-                tags = [None] + sorted(d.name[len(stem) + 1:-len(f"-s{seed}")] for d in
-                                       Path(args.runs_dir).glob(f"{stem}-*-s{seed}"))
-            for tag in tags:
-                name = f"{arm.strip('+')}{f'-{tag}' if tag else ''}-s{seed}"
-                if not args.report_only:
-                    run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
-                summary = summarize_run(Path(args.runs_dir) / name)
-                if summary and len(summary["curve"]) > 1:  # evaluated after training once
-                    key = f"{arm} [{tag}]" if tag else arm
-                    by_arm.setdefault(key, []).append({"seed": seed, **summary})
+    if not args.report_only:
+        for seed in args.seeds:
+            for arm in args.arms:
+                name = f"{arm.strip('+')}{f'-{args.tag}' if args.tag else ''}-s{seed}"
+                run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
+    by_arm = collect(Path(args.runs_dir))  # every evaluated run there, not only these
     if not by_arm:
         raise SystemExit(f"no evaluated runs under {args.runs_dir}")
     arms = {arm: arm_summary(runs) for arm, runs in by_arm.items()}
