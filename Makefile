@@ -65,10 +65,10 @@ demo: install
 	bash examples/demo.sh
 
 bench: install
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py --readme
 
 bench-all: install
-	$(PY) benchmarks/run_all.py --all
+	$(PY) benchmarks/run_all.py --all --readme
 
 # Does the loop learn? policy-only and the full loop, 3 seeds each, SmolLM2-135M on the
 # household env (hours on 2 CPU cores; resumable: rerun to continue); writes

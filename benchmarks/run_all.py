@@ -22,6 +22,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--all", action="store_true", help="also the model benchmarks")
     parser.add_argument("names", nargs="*", help="run only these (e.g. bench_score)")
+    parser.add_argument("--readme", action="store_true",
+                        help="regenerate README.md's benchmark table from results/*.json")
     args = parser.parse_args()
     names = args.names or (FAST + SLOW if args.all else FAST)
     rows = []
@@ -33,6 +35,9 @@ def main() -> None:
     print(f"{'benchmark':<18} {'ratio':>8} {'target':>8} {'met':>5}  metric")
     for name, metric, ratio, target, met in rows:
         print(f"{name:<18} {ratio:>8} {target:>8} {str(met):>5}  {metric}")
+    if args.readme:
+        import readme_table
+        readme_table.write_readme(readme_table.table())
 
 
 if __name__ == "__main__":

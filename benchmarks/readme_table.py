@@ -1,0 +1,111 @@
+"""The README's benchmark table, generated from benchmarks/results/*.json (`make bench` and
+`make bench-all` rewrite it; `python benchmarks/readme_table.py` alone regenerates it from
+the committed results). One row per result file: what was measured, the figure, the
+target, whether it was met, and the machine it ran on (CPU capability, dtype, date).
+The learning benchmark and the sweep have their own tables.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import RESULTS  # noqa: E402
+
+BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+OWN_TABLES = {"learning", "learning-reduced", "sweep"}
+
+
+def _training(r: dict) -> str:
+    t = r["tokens_per_s"]
+    return (f"{r['ratio']} ({t['generation']} vs {t['bare']} tokens/s) with the old log-probs "
+            f"from generation; {r['ratio_recompute']} ({t['recompute']}) recomputing them")
+
+
+def _trl(r: dict) -> str:
+    a, b = r["median"]["rlany"], r["median"]["trl"]
+    return (f"{r['ratio']} ({a['wall']} vs {b['wall']} s per step): generation {a['gen']} vs "
+            f"{b['gen']} s, training {a['train']} vs {b['train']} s; sequences trained per "
+            f"step {a['samples']:g} vs {b['samples']:g}")
+
+
+def _memory(r: dict) -> str:
+    p, t = r["peak_rss_mb"], r["train_seconds"]
+    return (f"peak RSS {p['engine']:.0f} vs {p['disk']:.0f} MB ({r['saved_mb']:.0f} MB saved), "
+            f"train stage {t['engine']:.1f} vs {t['disk']:.1f} s (borrowing the engine's "
+            f"network / loading a copy)")
+
+
+def _engines(r: dict) -> str:
+    by = {(row["engine"], row["adapter"]): row["tokens_per_s"] for row in r["rows"]}
+    cells = ", ".join(f"{e} {by.get((e, False), '-')} / {by.get((e, True), '-')}"
+                      for e in dict.fromkeys(e for e, _ in by))
+    return f"tokens/s base / LoRA: {cells}; `auto` picks {r['auto_picks']}"
+
+
+def _sandbox(r: dict) -> str:
+    return (f"{r['ratio']}x ({r['shared_per_s']} vs {r['naive_per_s']} per s), outputs "
+            f"identical: {r['outputs_identical']}")
+
+
+def _generation(r: dict) -> str:
+    ro, ju = r["rollout"], r.get("judge", {})
+    judge = (f"; judge {ju['ratio']} ({ju.get('stage_tokens_per_s')} vs "
+             f"{ju.get('raw_tokens_per_s')})" if "ratio" in ju else "")
+    return (f"rollout {ro['ratio']} ({ro['stage_tokens_per_s']} vs {ro['raw_tokens_per_s']} "
+            f"tokens/s){judge}")
+
+
+def _loop(r: dict) -> str:
+    a, b = r["keep_alive"], r["restart_per_stage"]
+    return (f"{r['ratio']} ({a['seconds']} vs {b['seconds']} s; {a['engine_starts']} vs "
+            f"{b['engine_starts']} engine starts)")
+
+
+FORMAT = {"training": _training, "trl": _trl, "memory": _memory, "engines": _engines,
+          "sandbox": _sandbox, "generation": _generation, "bench_loop": _loop}
+
+
+def row(r: dict) -> str:
+    m = r.get("machine", {})
+    prof = m.get("profile", {})
+    cuda = prof.get("cuda")
+    dtype = r.get("dtype") or ("fp32" if "fp32" in str(r.get("work", "")) else
+                               f"`auto` dtype {prof.get('dtype')}")
+    where = (f"{cuda}" if cuda else f"{m.get('cpus')}-core CPU, {prof.get('cpu_capability')}"
+             ) + f", {dtype}, {str(m.get('date', ''))[:10]}"
+    fmt = FORMAT.get(r["benchmark"])
+    try:
+        measured = fmt(r) if fmt else str(r.get("ratio"))
+    except (KeyError, TypeError):  # a result from an older version of the script
+        measured = str(r.get("ratio"))
+    met = r.get("met")
+    return (f"| {r['benchmark']} | {r['metric']} | {measured} | {r.get('target', '-')} | "
+            f"{'-' if met is None else 'yes' if met else '**no**'} | {where} |")
+
+
+def table(results: Path = RESULTS) -> str:
+    rows = []
+    for path in sorted(results.glob("*.json")):
+        r = json.loads(path.read_text())
+        if r.get("benchmark") in OWN_TABLES or "benchmark" not in r:
+            continue
+        rows.append(row(r))
+    return ("| benchmark | metric | measured | target | met | machine |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+def write_readme(text: str, readme: Path = Path("README.md")) -> None:
+    doc = readme.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} block")
+    head, rest = doc.split(BEGIN, 1)
+    readme.write_text(head + BEGIN + "\n" + text + rest[rest.index(END):])
+
+
+if __name__ == "__main__":
+    text = table()
+    print(text)
+    write_readme(text)
