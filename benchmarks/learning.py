@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from itertools import zip_longest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -190,7 +191,7 @@ def arm_summary(runs: list[dict]) -> dict:
             "judge_on_rollouts": [
                 {k: mean(j[k] if j else None for j in col)
                  for k in ("label_accuracy", "outcome_label_accuracy", "positive_share")}
-                for col in zip(*(r["judge_on_rollouts"] for r in runs))]
+                for col in zip_longest(*(r["judge_on_rollouts"] for r in runs))]
             if all(r.get("judge_on_rollouts") for r in runs) else None,
             "minutes_per_run": mean(r["seconds"] / 60 for r in runs)}
 
@@ -203,9 +204,10 @@ def table(arms: dict) -> str:
         return "-" if v is None else f"{v:.3f}"
 
     def rollouts(per_it):
-        if not per_it or per_it[0]["label_accuracy"] is None:
+        if not per_it or all(j["label_accuracy"] is None for j in per_it):
             return "-"
-        return " / ".join(f"{j['label_accuracy']:.2f} ({j['outcome_label_accuracy']:.2f})"
+        return " / ".join("-" if j["label_accuracy"] is None else
+                          f"{j['label_accuracy']:.2f} ({j['outcome_label_accuracy']:.2f})"
                           for j in per_it)
 
     def seeds_t(t):
@@ -259,6 +261,8 @@ def main() -> dict:
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
     sets = list(args.set)
+    if args.tag and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
+        parser.error(f"--tag {args.tag!r}: letters, digits, '_', '.' and '-' only")
     if args.reduced and args.readme:
         parser.error("--readme writes the full benchmark's table, not the reduced one's")
     if args.reduced:

@@ -93,6 +93,8 @@ def table(results: Path = RESULTS) -> str:
         if r.get("benchmark") in OWN_TABLES or "benchmark" not in r:
             continue
         rows.append(row(r))
+    if not rows:
+        raise SystemExit(f"no benchmark results under {results}")
     return ("| benchmark | metric | measured | target | met | machine |\n"
             "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 

@@ -41,9 +41,25 @@ EVAL_KEYS = ("n", "max_steps", "max_tokens", "temperature", "history_turns",
 
 def policy_config(c: dict) -> dict:
     t = c.get("tables", {})
+    score = {k: v for k, v in (t.get("score") or {}).items() if k != "lam"}  # lam: no judge
     return {**{k: c.get(k) for k in POLICY_KEYS}, "rollout": t.get("rollout"),
-            "train_policy": t.get("train_policy"),
+            "train_policy": t.get("train_policy"), "score": score,
             "eval": {k: t.get("eval", {}).get(k) for k in EVAL_KEYS}}
+
+
+RUN = re.compile(r"^(.+)-s(\d+)$")
+
+
+def knob_value(config: dict | None, knob: str, fallback: str) -> str:
+    """A knob's value in a run's resolved config (TABLE.KEY, a top-level key, or run.KEY)."""
+    if not config:
+        return fallback
+    section, _, key = knob.partition(".")
+    if key:
+        value = config.get("tables", {}).get(section, {}).get(key)
+    else:
+        value = config.get(knob, config.get("run", {}).get(knob))
+    return fallback if value is None else str(value)
 
 
 def run_name(knob: str | None, value: str | None, seed: int) -> str:
@@ -71,6 +87,8 @@ def check_default(default: Path, config: str, seed: int) -> None:
 
     from rlany.loop_config import load_config
 
+    if not (default / "config.json").exists():
+        raise SystemExit(f"--default-from: no run {default} (its config.json is missing)")
     cfg = load_config(config, {"seed": seed, "step_feedback": False, "rm_training": False,
                                "env_adaptation": False})
     fresh = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
@@ -141,33 +159,37 @@ def main() -> dict:
     args = parser.parse_args()
     points = parse_vary(args.vary)
     runs_dir = Path(args.runs_dir)
-    if args.report_only:  # every run the directory holds, whatever was varied
-        points = []
+    seeds = list(args.seeds)
+    if args.report_only:  # every run the directory holds, whatever was varied, every seed
+        points, seeds = [], sorted({int(m[2]) for d in runs_dir.glob("*-s*")
+                                    if (m := RUN.match(d.name))})
         for d in sorted(runs_dir.glob("*-s*")):
-            stem = d.name.rsplit("-s", 1)[0]
-            if stem != DEFAULT and "=" in stem and (stem.split("=", 1)[0],
-                                                    stem.split("=", 1)[1]) not in points:
-                points.append(tuple(stem.split("=", 1)))
+            m = RUN.match(d.name)
+            if m and m[1] != DEFAULT and "=" in m[1]:
+                point = tuple(m[1].split("=", 1))
+                if point not in points:
+                    points.append(point)
     started = time.perf_counter()
     rows = []
-    for seed in args.seeds:
-        todo = [(None, None)] + points
+    for seed in seeds:
         default = None
-        for knob, value in todo:
+        for knob, value in [(None, None)] + points:
             name = run_name(knob, value, seed)
-            sets = [] if knob is None else [f"{knob}={value}"]
             run = runs_dir / name
             if knob is None and args.default_from:
                 run = Path(args.default_from) / f"policy-only-s{seed}"
                 check_default(run, args.config, seed)
             elif not args.report_only:
-                run_loop(args.config, name, seed, ARMS["policy-only"], str(runs_dir), sets)
+                run_loop(args.config, name, seed, ARMS["policy-only"], str(runs_dir),
+                         [] if knob is None else [f"{knob}={value}"])
             summary = summarize_run(run)
             if not summary or len(summary["curve"]) < 2:
                 continue
             summary["seed"] = seed
             if knob is None:
                 default = summary
+            else:  # the value the run ran with (a directory name cannot hold every value)
+                value = knob_value(summary["config"], knob, value)
             rows.append(row(knob, value, summary, default))
     if not rows:
         raise SystemExit(f"no evaluated runs under {runs_dir}")

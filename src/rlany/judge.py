@@ -363,7 +363,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
                             label = step_labels[s.step] if s.step < len(step_labels) else None
                             for sample in s.samples:
                                 verdicts[sample.score] += 1
-                                if label in by_label:
+                                if label in by_label and opts.mode == "steps":
                                     by_label[label][0] += 1
                                     by_label[label][1] += sample.score == label
                     bar.advance()

@@ -202,15 +202,21 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
 def _balanced(scored: list[Scored]) -> list[Scored]:
     """--rm-balance: the advantages of a task's kept reward-model samples, scaled per step
     so the steps with R > 0 and those with R < 0 carry equal total weight (each side
-    k / (2 k_side) for k kept steps); a task with kept steps on one side only is unchanged."""
+    k / (2 k_side) for k kept steps; a lone step among many can weigh several times one);
+    a step with R = 0 (an unparseable verdict beside agreeing ones) keeps weight 1, and a
+    task with kept steps on one side only is unchanged. Per task, like the standardization:
+    a task's rollouts are one group."""
     sides = [step.reward > 0 for tr in scored for step in tr.steps
-             if any(j.keep for j in step.judge)]
+             if step.reward != 0 and any(j.keep for j in step.judge)]
     k, k_pos = len(sides), sum(sides)
     if k_pos in (0, k):
         return scored
-    weight = {True: k / (2 * k_pos), False: k / (2 * (k - k_pos))}
+    weight = {1: k / (2 * k_pos), -1: k / (2 * (k - k_pos)), 0: 1.0}
+
+    def sign(r: float) -> int:
+        return (r > 0) - (r < 0)
     return [replace(tr, steps=[replace(step, judge=[
-        replace(j, advantage=j.advantage * weight[step.reward > 0]) for j in step.judge])
+        replace(j, advantage=j.advantage * weight[sign(step.reward)]) for j in step.judge])
         for step in tr.steps]) for tr in scored]
 
 
