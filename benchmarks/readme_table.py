@@ -64,8 +64,16 @@ def _loop(r: dict) -> str:
             f"{b['engine_starts']} engine starts)")
 
 
-FORMAT = {"training": _training, "trl": _trl, "memory": _memory, "engines": _engines,
-          "sandbox": _sandbox, "generation": _generation, "bench_loop": _loop}
+def _score(r: dict) -> str:
+    a, b = r["runs"]["1x"], r["runs"]["10x"]
+    return (f"{r['ratio']} ({b['peak_rss_mib']} vs {a['peak_rss_mib']} MiB peak for "
+            f"{b['trajectories']:,} vs {a['trajectories']:,} trajectories), "
+            f"{a['records_per_s']:.0f}-{b['records_per_s']:.0f} records/s")
+
+
+FORMAT = {"score": _score, "training": _training, "trl": _trl, "memory": _memory,
+          "engines": _engines, "sandbox": _sandbox, "generation": _generation,
+          "bench_loop": _loop}
 
 
 def row(r: dict) -> str:
