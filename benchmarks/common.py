@@ -32,3 +32,14 @@ def save(name: str, result: dict) -> Path:
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **result}, indent=2)
                     + "\n")
     return path
+
+
+def write_readme_block(block: str, text: str, readme: Path = Path("README.md")) -> None:
+    """Replace what stands between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` in the
+    README with `text` (the generated tables: bench-table, learning-table, sweep-table)."""
+    begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
+    doc = readme.read_text()
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"README.md has no {begin} ... {end} block")
+    head, rest = doc.split(begin, 1)
+    readme.write_text(head + begin + "\n" + text + rest[rest.index(end):])

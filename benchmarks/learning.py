@@ -44,7 +44,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, save  # noqa: E402
+from common import RESULTS, save, write_readme_block  # noqa: E402
 
 from rlany.evaluate import gain_interval, wilson_interval  # noqa: E402
 
@@ -80,16 +80,15 @@ def judge_on_rollouts(it_dir: Path) -> dict | None:
     (balanced accuracy) and its share of +1 verdicts, read from the iteration's files (so
     runs made before the judge stage reported it are covered too)."""
     from rlany.evaluate import judge_metrics
-    from rlany.records import JudgeSample, Judgment, Trajectory, from_json
+    from rlany.jsonl import JsonlReader
+    from rlany.records import JudgeSample, Judgment, Trajectory
 
     if not (it_dir / "judgments.jsonl").exists():
         return None
-
-    def read(name, cls):
-        with open(it_dir / name) as f:
-            return [from_json(cls, json.loads(line)) for line in f if line.strip()]
-    trajs = {t.traj_id: t for t in read("trajectories.jsonl", Trajectory)}
-    judged = [j for j in read("judgments.jsonl", Judgment) if j.steps]
+    trajs = {t.traj_id: t for _, t in JsonlReader(it_dir / "trajectories.jsonl", Trajectory,
+                                                   "trajectories")}
+    judged = [j for _, j in JsonlReader(it_dir / "judgments.jsonl", Judgment, "judgments")
+              if j.steps]
     judged_trajs = [trajs[j.traj_id] for j in judged]
     m = judge_metrics(judged_trajs, judged)
     # the consistency target's own agreement with the labels: a judge that gave every step
@@ -231,15 +230,6 @@ def table(arms: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme(text: str, readme: Path = Path("README.md")) -> None:
-    begin, end = "<!-- learning-table:begin -->", "<!-- learning-table:end -->"
-    doc = readme.read_text()
-    if begin not in doc or end not in doc:
-        raise SystemExit(f"README.md has no {begin} ... {end} block")
-    head, rest = doc.split(begin, 1)
-    readme.write_text(head + begin + "\n" + text + rest[rest.index(end):])
-
-
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="examples/household/learn.toml")
@@ -291,7 +281,7 @@ def main() -> dict:
     subprocess.run([sys.executable, "-m", "rlany", "report", *run_dirs, "-o", str(report)],
                    check=False)
     if args.readme:
-        write_readme(text)
+        write_readme_block("learning-table", text)
     result = {"metric": "held-out success per arm, pooled over seeds (base -> final)",
               "config": args.config, "sets": sets, "arms": arms, "runs": by_arm,
               "seconds": round(time.perf_counter() - started, 1),

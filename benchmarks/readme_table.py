@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS  # noqa: E402
+from common import RESULTS, write_readme_block  # noqa: E402
 
-BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 OWN_TABLES = {"learning", "learning-reduced", "sweep"}
 
 
@@ -107,15 +106,7 @@ def table(results: Path = RESULTS) -> str:
             "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
-def write_readme(text: str, readme: Path = Path("README.md")) -> None:
-    doc = readme.read_text()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} block")
-    head, rest = doc.split(BEGIN, 1)
-    readme.write_text(head + BEGIN + "\n" + text + rest[rest.index(END):])
-
-
 if __name__ == "__main__":
     text = table()
     print(text)
-    write_readme(text)
+    write_readme_block("bench-table", text)

@@ -37,7 +37,8 @@ def main() -> None:
         print(f"{name:<18} {ratio:>8} {target:>8} {str(met):>5}  {metric}")
     if args.readme:
         import readme_table
-        readme_table.write_readme(readme_table.table())
+        from common import write_readme_block
+        write_readme_block("bench-table", readme_table.table())
 
 
 if __name__ == "__main__":

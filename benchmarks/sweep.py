@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, save  # noqa: E402
+from common import RESULTS, save, write_readme_block  # noqa: E402
 from learning import ARMS, run_loop, summarize_run  # noqa: E402
 
 from rlany.evaluate import gain_interval  # noqa: E402
@@ -132,15 +132,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme(text: str, readme: Path = Path("README.md")) -> None:
-    begin, end = "<!-- sweep-table:begin -->", "<!-- sweep-table:end -->"
-    doc = readme.read_text()
-    if begin not in doc or end not in doc:
-        raise SystemExit(f"README.md has no {begin} ... {end} block")
-    head, rest = doc.split(begin, 1)
-    readme.write_text(head + begin + "\n" + text + rest[rest.index(end):])
-
-
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="examples/household/learn.toml")
@@ -198,7 +189,7 @@ def main() -> dict:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "sweep.md").write_text(text)
     if args.readme:
-        write_readme(text)
+        write_readme_block("sweep-table", text)
     result = {"metric": "held-out success of policy-only runs, one knob varied at a time",
               "config": args.config, "rows": rows,
               "seconds": round(time.perf_counter() - started, 1),

@@ -163,9 +163,10 @@ def judge_metrics(trajectories: list[Trajectory], judgments: list[Judgment]) -> 
             last_ok += sum(s.score == traj.outcome for s in last)
             mean = fmean(fmean(s.score for s in step.samples) for step in j.steps)
             agree += mean * traj.outcome > 0
-    rates = [ok / n for n, ok in steps.values() if n]
+    from rlany.judge import balanced_accuracy
+
     return {
-        "judge_step_accuracy": fmean(rates) if rates else None,
+        "judge_step_accuracy": balanced_accuracy(steps),
         "judge_good_step_accuracy": steps[1][1] / steps[1][0] if steps[1][0] else None,
         "judge_bad_step_accuracy": steps[-1][1] / steps[-1][0] if steps[-1][0] else None,
         "judge_good_steps": labelled_steps[1], "judge_bad_steps": labelled_steps[-1],

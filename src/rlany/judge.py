@@ -370,11 +370,10 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         finally:
             out.close()
         out.finish()
-    rates = [ok / n for n, ok in by_label.values() if n]
     counts = {**_judge_counts(verdicts, tests, out.count, engine, tokens0, secs0),
               "skipped": skipped,
               # balanced accuracy against the env's step labels, on the steps judged here
-              "label_accuracy": sum(rates) / len(rates) if rates else None,
+              "label_accuracy": balanced_accuracy(by_label),
               "labelled_verdicts": by_label[1][0] + by_label[-1][0]}
     write_meta(opts.output, stage="judge", flags=flags, inputs=[reader], counts=counts,
                started=started, versions=GEN_VERSIONS)
@@ -403,6 +402,13 @@ def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: in
             "completion_tokens": engine.stats.completion_tokens - tokens0,
             "generate_seconds": round(engine.stats.seconds - secs0, 3), **tests,
             **adapter_checks(engine)}
+
+
+def balanced_accuracy(by_label: dict[int, list[int]]) -> float | None:
+    """Mean over the step labels present of the share of verdicts equal to the label
+    ({label: [verdicts, correct]}): a constant judge scores 0.5 whatever the label mix."""
+    rates = [ok / n for n, ok in by_label.values() if n]
+    return sum(rates) / len(rates) if rates else None
 
 
 def _label_line(accuracy: float | None) -> str:
