@@ -11,7 +11,7 @@ export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool test test-slow demo bench bench-all bench-learning \
-	bench-learning-reduced bench-sweep lint golden clean
+	bench-learning-reduced bench-learning-warm bench-sweep lint golden clean
 
 install: $(VENV)/.installed-cpu
 
@@ -79,6 +79,10 @@ bench-learning: install
 
 bench-learning-reduced: install
 	$(PY) benchmarks/learning.py --reduced
+
+# the same arms from a warm start (expert demonstrations + rlany sft): rows "ARM [warm]"
+bench-learning-warm: install
+	$(PY) benchmarks/learning.py --warm-start --seeds 0 1 2 --readme
 
 # Defaults from evidence: policy-only runs of learn.toml, one knob varied at a time
 # (~10-15 min a run here; resumable). The README's sweep table comes from it.

@@ -26,7 +26,14 @@ or overwrites the full benchmark's.
     python benchmarks/learning.py --reduced             # seed 0, 2 iterations: ~25 min here
     python benchmarks/learning.py --arms +step +rm --seeds 0
     python benchmarks/learning.py --arms +rm --tag balance --set score.rm_balance=true
+    python benchmarks/learning.py --arms policy-only full --seeds 0 --warm-start
     python benchmarks/learning.py --report-only --readme
+
+With --warm-start every run starts from a warm start (rows "ARM [warm]"): the env's expert
+demonstrations on the config's task pool, in the prompts its rollout gives the policy
+(`rlany rollout --expert`), `rlany sft` on them with the policy's LoRA shape
+(runs/learning/warm-start-sSEED/), and the loop's `init_policy`. Such a row adds the warm
+start's own held-out success (eval_init.json) and RL's gain over it.
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
 """
 
@@ -55,6 +62,40 @@ ARMS = {
     "+rm": ["--step-feedback", "--rm-training", "--no-env-adaptation", *JUDGED_EVAL],
     "full": ["--step-feedback", "--rm-training", "--env-adaptation", *JUDGED_EVAL],
 }
+
+
+def rlany(*args: str) -> None:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    print("$ rlany " + " ".join(args), file=sys.stderr, flush=True)
+    if subprocess.run([sys.executable, "-m", "rlany", *args], env=env).returncode != 0:
+        raise SystemExit(f"rlany {args[0]} failed; rerun the benchmark to resume it")
+
+
+def warm_start(config: str, seed: int, runs_dir: str, sets: list[str]) -> str:
+    """The warm arm's adapter: the expert's demonstrations on the config's task pool in the
+    prompts its rollout gives the policy, then `rlany sft` with its policy's LoRA shape.
+    Both steps are skipped when complete (the rollout file resumes by itself)."""
+    from rlany.loop_config import load_config
+    from rlany.options import to_argv
+    from rlany.train_stage import SftOptions
+
+    cfg = load_config(config, sets=sets)
+    d = Path(runs_dir) / f"warm-start-s{seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    demos, adapter = d / "demos.jsonl", d / "sft"
+    pool = sum(1 for line in open(cfg.tasks, encoding="utf-8") if line.strip())
+    rollout = replace(cfg.options("rollout", input=cfg.tasks, output=str(demos)), expert=True,
+                      n=1, sample_tasks=pool, constrain_actions=False)  # every task, once
+    if not (d / "demos.meta.json").exists():
+        rlany(*to_argv("rollout", rollout)[1:])
+    if not (adapter / "rlany.json").exists():
+        policy = cfg.options("train_policy", input="-", output="-")
+        sft = SftOptions(input=str(demos), output=str(adapter), model=policy.model, seed=seed,
+                         dtype=policy.dtype, lora_r=policy.lora_r,
+                         lora_alpha=policy.lora_alpha, target_modules=policy.target_modules)
+        rlany(*to_argv("sft", sft)[1:])
+    return str(adapter)
+
 def run_loop(config: str, name: str, seed: int, flags: list[str], runs_dir: str,
              sets: list[str]) -> None:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -106,6 +147,7 @@ def summarize_run(run: Path) -> dict | None:
     base = _eval(run / "eval_base.json")
     if base is None:
         return None
+    init = _eval(run / "eval_init.json")  # the warm start (init_policy), where there is one
     curve = [{"iteration": -1, **base}]
     for it_dir in sorted(run.glob("iter_*")):
         e = _eval(it_dir / "eval.json")
@@ -113,7 +155,8 @@ def summarize_run(run: Path) -> dict | None:
             curve.append({"iteration": int(it_dir.name[5:]), **e})
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
                ] if (run / "metrics.jsonl").exists() else []
-    return {"run": str(run), "iterations_done": len(metrics), "base": base, "final": curve[-1],
+    return {"run": str(run), "iterations_done": len(metrics), "base": base, "init": init,
+            "final": curve[-1],
             "curve": curve, "train_acc": [m.get("train_acc") for m in metrics],
             "accepted_tasks": [m.get("accepted_tasks") or 0 for m in metrics],
             "rm_samples": [m.get("rm_samples") for m in metrics],
@@ -171,6 +214,14 @@ def arm_summary(runs: list[dict]) -> dict:
     nf = sum(r["final"]["episodes"] for r in runs)
 
     gains = [r["final"]["success"] - r["base"]["success"] for r in runs]
+    warm = [r["init"] for r in runs if r.get("init")]
+    if warm and len(warm) == len(runs):  # the warm start alone, and RL's gain over it
+        kw, nw = sum(w["successes"] for w in warm), sum(w["episodes"] for w in warm)
+        warm_start = {"success": kw / nw, "ci95": wilson_interval(kw, nw),
+                      "rl_gain": kf / nf - kw / nw, "rl_gain_ci95": gain_interval(kf, nf, kw, nw),
+                      "per_seed": [round(w["success"], 3) for w in warm]}
+    else:
+        warm_start = None
 
     def mean(values):
         values = [v for v in values if v is not None]
@@ -192,6 +243,7 @@ def arm_summary(runs: list[dict]) -> dict:
                  for k in ("label_accuracy", "outcome_label_accuracy", "positive_share")}
                 for col in zip_longest(*(r["judge_on_rollouts"] for r in runs))]
             if all(r.get("judge_on_rollouts") for r in runs) else None,
+            "warm_start": warm_start,
             "minutes_per_run": mean(r["seconds"] / 60 for r in runs)}
 
 
@@ -211,16 +263,24 @@ def table(arms: dict) -> str:
 
     def seeds_t(t):
         return "" if t is None else f" ({t[0]:+.2f} to {t[1]:+.2f})"
-    lines = ["| arm | seeds | iterations | base success (95%) | final success (95%) | gain "
+
+    def warm(w):
+        if not w:
+            return "-"
+        return (f"{w['success']:.3f} ({ci(w['ci95'])}); RL {w['rl_gain']:+.3f} "
+                f"({w['rl_gain_ci95'][0]:+.2f} to {w['rl_gain_ci95'][1]:+.2f})")
+    lines = ["| arm | seeds | iterations | base success (95%) | warm start (95%); RL's gain "
+             "over it | final success (95%) | gain "
              "(95%, pooled) | gain per seed (95% t over seeds) | final per seed | judge step "
              "acc. (eval) | judge on its rollouts, per iteration (outcome) | accepted tasks | "
              "stage min/run |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, s in arms.items():
         judge = s["judge_step_accuracy"]
         lines.append(
             f"| {arm} | {s['seeds']} | {'/'.join(map(str, s['iterations']))} | "
-            f"{s['base']:.3f} ({ci(s['base_ci95'])}) | {s['final']:.3f} "
+            f"{s['base']:.3f} ({ci(s['base_ci95'])}) | {warm(s.get('warm_start'))} | "
+            f"{s['final']:.3f} "
             f"({ci(s['final_ci95'])}) | {s['gain']:+.3f} ({s['gain_ci95'][0]:+.2f} to "
             f"{s['gain_ci95'][1]:+.2f}) | {', '.join(f'{g:+.3f}' for g in s['gain_per_seed'])}"
             f"{seeds_t(s['gain_seeds_t95'])} | {', '.join(map(str, s['per_seed']))} | "
@@ -243,6 +303,11 @@ def main() -> dict:
     parser.add_argument("--tag", help="a variant of the arms (with --set): runs are named "
                         "ARM-TAG-sSEED and reported as their own rows, e.g. --tag balance "
                         "--set score.rm_balance=true")
+    parser.add_argument("--warm-start", action="store_true",
+                        help="start every run from a warm start (tag 'warm' unless --tag): "
+                        "the env's expert demonstrations on the task pool (`rlany rollout "
+                        "--expert`), `rlany sft` on them (runs_dir/warm-start-sSEED/), the "
+                        "loop's init_policy; rows add the warm start's held-out success")
     parser.add_argument("--reduced", action="store_true",
                         help="seed 0, policy-only and full, 2 iterations (~25 min on 2 cores)")
     parser.add_argument("--report-only", action="store_true",
@@ -253,6 +318,8 @@ def main() -> dict:
     sets = list(args.set)
     if args.tag and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
         parser.error(f"--tag {args.tag!r}: letters, digits, '_', '.' and '-' only")
+    if args.warm_start and not args.tag:
+        args.tag = "warm"
     if args.reduced and args.readme:
         parser.error("--readme writes the full benchmark's table, not the reduced one's")
     if args.reduced:
@@ -267,7 +334,9 @@ def main() -> dict:
         for seed in args.seeds:
             for arm in args.arms:
                 name = f"{arm.strip('+')}{f'-{args.tag}' if args.tag else ''}-s{seed}"
-                run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
+                extra = [f"init_policy={warm_start(args.config, seed, args.runs_dir, sets)}"
+                         ] if args.warm_start else []
+                run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets + extra)
     by_arm = collect(Path(args.runs_dir))  # every evaluated run there, not only these
     if not by_arm:
         raise SystemExit(f"no evaluated runs under {args.runs_dir}")

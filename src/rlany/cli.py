@@ -90,6 +90,16 @@ _stage("train-rm", "train_stage", "TrainRmOptions",
        "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2",
        "rlany judge -i traj.jsonl -o judgments.jsonl --model smollm2 --adapter ckpt/rm-1",
        kind="rm")
+_stage("sft", "train_stage", "SftOptions",
+       "Warm-start the policy: supervised fine-tuning (token negative log-likelihood) on the "
+       "steps of successful trajectories, e.g. the env's expert demonstrations from "
+       "`rollout --expert`. Writes a LoRA adapter that `rollout --adapter` and a loop's "
+       "`init_policy` use.",
+       "rlany rollout -i examples/household/learn_tasks.jsonl -o demos.jsonl --expert --n 1 "
+       "--max-steps 4 --history-turns 1",
+       "rlany sft -i demos.jsonl -o ckpt/sft --model smollm2",
+       "rlany loop examples/household/learn.toml --name warm --set init_policy=ckpt/sft",
+       kind="sft")
 _stage("adapt-tasks", "adapt", "AdaptOptions",
        "Adapt the environment: accept rolled-out candidates that proved harder/easier, then "
        "rewrite tasks the policy always (>= alpha-high) or never (<= alpha-low) solves, "

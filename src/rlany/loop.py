@@ -8,6 +8,8 @@ One iteration (runs/NAME/iter_NNN/), a table of stages run in order:
     policy/, rm/          train-policy, train-rm (each continues its latest adapter)
     next_tasks.jsonl, candidates.jsonl, decisions.jsonl      adapt-tasks
     eval.json             the new policy (and judge) on held-out tasks, every `eval_every`
+(runs/NAME/eval_base.json: the base model before iteration 0; eval_init.json: the warm
+start `init_policy`, an adapter such as `rlany sft`'s, that iteration 0 starts from)
     done.json             the iteration's metrics; runs/NAME/metrics.jsonl is rebuilt from these
 
 The config is flat: top-level keys (the run: name, tasks, model, engine, seed, ...) and one
@@ -128,9 +130,15 @@ class Loop:
 
     def run(self) -> None:
         self._init_run_dir()
+        if self.cfg.init_policy:
+            from rlany.stageio import check_adapter
+            check_adapter(self.cfg.init_policy, "init_policy")
         if self.cfg.eval_tasks:
             self.stage(EVAL, self.dir, -1, output=str(self.dir / "eval_base.json"),
                        adapter=None, judge_adapter=None)
+            if self.cfg.init_policy:  # the warm start before any RL
+                self.stage(EVAL, self.dir, -1, output=str(self.dir / "eval_init.json"),
+                           adapter=self.cfg.init_policy, judge_adapter=None)
         for it in range(self.cfg.iterations):
             self.iteration(it)
         self._write_metrics()
@@ -144,8 +152,14 @@ class Loop:
         resolved = json.dumps(config, indent=2, sort_keys=True) + "\n"
         echo = self.dir / "config.json"
         if echo.exists() and echo.read_text() != resolved:
-            raise RlanyError("this run directory was started with a different config",
-                             where=str(echo), hint="use a new name, or restore the config")
+            # a key added to the config format since the run started counts at its default
+            old = json.loads(echo.read_text())
+            defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)
+                        if f.default is not dataclasses.MISSING}
+            if {**{k: defaults[k] for k in config.keys() - old.keys() if k in defaults},
+                    **old} != config:
+                raise RlanyError("this run directory was started with a different config",
+                                 where=str(echo), hint="use a new name, or restore the config")
         write_text_atomic(echo, resolved)
 
     def iteration(self, it: int) -> None:
@@ -225,7 +239,8 @@ class Loop:
 
     # -- bookkeeping -------------------------------------------------------------------
     def latest(self, kind: str, before: int) -> str | None:
-        """The newest finished checkpoint of `kind` from iterations before `before`."""
+        """The newest finished checkpoint of `kind` from iterations before `before`; before
+        any, the policy's is `init_policy` (a warm start) or None (the base model)."""
         for it in range(before - 1, -1, -1):
             ckpt = self.dir / f"iter_{it:03d}" / kind
             if (ckpt / "rlany.json").exists():
@@ -235,7 +250,7 @@ class Loop:
                 raise RlanyError(f"the {kind} checkpoint this iteration needs was pruned",
                                  where=str(ckpt), hint="rerun from a later iteration or "
                                  "raise keep_last")
-        return None
+        return self.cfg.init_policy if kind == "policy" else None
 
     def _finish_iteration(self, d: Path, it: int) -> None:
         from rlany.jsonl import write_text_atomic

@@ -53,6 +53,7 @@ class LoopConfig:
     eval_tasks: str | None = None
     keep_last: int = 2
     eval_every: int = 1
+    init_policy: str | None = None  # a LoRA adapter (e.g. `rlany sft`'s) iteration 0 starts from
     step_feedback: bool = True
     rm_training: bool = True
     env_adaptation: bool = True

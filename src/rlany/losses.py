@@ -86,3 +86,19 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     targets = input_ids[:, 1:]  # (B, T-1)
     picked = logits.gather(-1, targets[..., None])[..., 0]  # (B, T-1)
     return picked - torch.logsumexp(logits, dim=-1)  # no (B, T, V) log-softmax kept
+
+
+def nll_loss(logp: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, *,
+             normalizer: float | None = None) -> LossParts:
+    """Supervised (`rlany sft`): per sequence the token mean negative log-likelihood of the
+    response times its weight (1 for a demonstration), summed and divided by `normalizer`
+    (default B) like `ppo_clip_loss`; `pg` reports the same sum, `kl` and `clipped` are 0."""
+    mask = mask.bool()
+    counts = mask.sum(-1)  # (B,)
+    lengths = counts.clamp(min=1).to(logp.dtype)
+    per_seq = -torch.where(mask, logp, 0.0).sum(-1) / lengths * weights.to(logp.dtype)
+    n = normalizer if normalizer is not None else logp.shape[0]
+    objective = per_seq.detach().sum().item()
+    return LossParts(loss=per_seq.sum() / n, objective=objective, pg=objective, kl=0.0,
+                     clipped=0, tokens=int(counts.sum().item()),
+                     sequences=int((counts > 0).sum().item()))

@@ -17,6 +17,10 @@ Constrained actions (`constrain_actions`): for envs that list their admissible a
 constrained decoding), so a small model's turns are never wasted on unparseable text.
 Training still sees the response as text under the unconstrained policy.
 
+Demonstrations (`expert`): the env's expert (`expert_action()`, a shortest plan from the
+current state) answers instead of a model, in exactly the prompts the same flags give the
+policy, so `rlany sft` can warm-start the policy on them. No model is loaded.
+
 Sampling seeds are derived from (seed, task_id, iteration, turn, sample), so a rerun, or a
 resumed run that redoes a batch, draws the same samples from a seeded engine.
 """
@@ -29,9 +33,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from rlany.chat import text_of, user_content
-from rlany.engines import Completion, Engine, Request, Sampling, stable_seed
+from rlany.engines import Completion, Engine, EngineStats, Request, Result, Sampling, stable_seed
 from rlany.envs import Environment, split_obs
-from rlany.errors import RlanyError
+from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
 from rlany.records import Step, Task, Trajectory, traj_id
 
@@ -64,6 +68,10 @@ class RolloutOptions(EpisodeFields):
     sample_tasks: int | None = opt(None, "Roll out a sample of K of the input's tasks (drawn "
                                    "from --seed and --iteration, kept in input order) plus "
                                    "every candidate task; default: all.", min=1)
+    expert: bool = opt(False, "Play the env's expert instead of a model (envs with "
+                       "expert_action(): household, alfworld): demonstrations for `rlany "
+                       "sft`, in the prompts this rollout's flags give. No model is loaded.",
+                       scope="io")
 
     @property
     def sampling(self) -> Sampling:
@@ -135,7 +143,8 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
                                              seed=stable_seed(opts.seed, g[0].task.task_id,
                                                              opts.iteration, turn, g[0].sample)),
                             adapter=opts.adapter) for g in members]
-        results = engine.generate(requests)
+        results = ([_expert_result(g[0], len(g)) for g in members] if opts.expert
+                   else engine.generate(requests))
         for group, result in zip(members, results):
             for e, completion in zip(group, result.completions):
                 e.prompt_tokens += len(result.prompt_token_ids)
@@ -147,6 +156,31 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
     for task in tasks:
         group = [e for e in episodes if e.task.task_id == task.task_id]
         yield [_trajectory(e, opts, policy) for e in group]
+
+
+def _expert_result(e: _Episode, n: int) -> Result:
+    """The env's expert action as `n` identical completions (no model, no token ids)."""
+    act = getattr(e.env, "expert_action", None)
+    if act is None:
+        raise RlanyError(f"environment '{e.task.env}' has no expert (no expert_action() "
+                         "method), so --expert cannot be used with it")
+    text = act() or ""  # no plan from here: an empty response, which the env rejects
+    return Result(prompt_token_ids=[], completions=[
+        Completion(text=text, token_ids=[], finish_reason="stop") for _ in range(n)])
+
+
+class ExpertEngine:
+    """What `rollout --expert` runs instead of a model: the episodes ask their env."""
+    name = "expert"
+    model = "expert"
+    real_token_ids = False
+    choice = {"engine": "expert", "reason": "--expert: the env's shortest plan, no model"}
+
+    def __init__(self) -> None:
+        self.stats = EngineStats()
+
+    def generate(self, requests):  # pragma: no cover - the rollout never calls it
+        raise RlanyError("the expert plays through the env, not through generate()")
 
 
 def _choices(e: _Episode) -> tuple[str, ...]:
@@ -241,7 +275,10 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     )
 
     started = time.time()
-    tasks, reader, engine = begin_generation(opts, {"--output": opts.output}, engine)
+    if opts.expert and (engine is not None or opts.adapter):
+        raise UsageError("--expert plays the env's expert: no model, so no --adapter")
+    tasks, reader, engine = begin_generation(
+        opts, {"--output": opts.output}, ExpertEngine() if opts.expert else engine)
     input_tasks, tasks = len(tasks), sample_tasks(tasks, opts)
     flags = engine_flags(opts, engine)
     with output_lock(opts.output):

@@ -1,8 +1,10 @@
-"""The one training loop behind `train-policy` and `train-rm` (no Trainer subclass).
+"""The one training loop behind `train-policy`, `train-rm` and `sft` (no Trainer subclass).
 
 A sample is (chat messages -> response tokens, advantage): for `train-policy` each kept
 scored step (prompt_messages -> response, the step's advantage), for `train-rm` each kept
-judge sample (judge_messages -> the judge's output, its consistency advantage). The prompt
+judge sample (judge_messages -> the judge's output, its consistency advantage), for `sft`
+each step of a successful trajectory (weight 1; `objective` "nll": the token mean negative
+log-likelihood, no pre-update policy). The prompt
 is rendered with the tokenizer's chat template (`rlany.chat.render`, as at generation); the
 response is the **sampled token ids** of the record (older records without ids fall back
 to tokenizing the text; both are counted). EOS closes a response only where generation
@@ -43,10 +45,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rlany.errors import RlanyError
-from rlany.records import Scored
+from rlany.records import Scored, Trajectory
 
 # the options (flags, loop keys, defaults) are defined once, in rlany.train_stage
-from rlany.train_stage import TrainOptions  # noqa: E402
+from rlany.train_stage import TrainFields, TrainOptions  # noqa: E402
 
 OLD_LOGPROBS = ("auto", "recompute", "generation")
 
@@ -92,6 +94,19 @@ def rm_samples(scored: Iterable[Scored]) -> Iterator[RawSample]:
                                     sample.finish_reason != "length", sample.token_ids)
 
 
+def sft_samples(trajectories: Iterable[Trajectory], all_outcomes: bool = False
+                ) -> Iterator[RawSample]:
+    """Warm-start samples: every step of each successful trajectory (every trajectory with
+    `all_outcomes`) with a prompt, weight 1; a step that raised in the env is skipped."""
+    for traj in trajectories:
+        if traj.outcome != 1 and not all_outcomes:
+            continue
+        for step in traj.steps:
+            if step.prompt_messages and "error" not in step.info:
+                yield RawSample(step.prompt_messages, step.response, 1.0,
+                                step.finish_reason != "length", step.token_ids)
+
+
 def tokenize(tokenizer, raw: Iterable[RawSample | tuple], max_len: int
              ) -> tuple[list[Sample], int]:
     """Token ids for each sample; over-long samples are dropped whole. Returns (kept, dropped)."""
@@ -117,7 +132,7 @@ def tokenize(tokenizer, raw: Iterable[RawSample | tuple], max_len: int
     return kept, dropped
 
 
-def plan_steps(samples: list[Sample], opts: TrainOptions, world: int) -> list[list[int]]:
+def plan_steps(samples: list[Sample], opts: TrainFields, world: int) -> list[list[int]]:
     """Sample indices of each optimizer step, over all epochs (seeded, deterministic)."""
     per_step = opts.micro_batch * opts.grad_accum * world
     rng = random.Random(opts.seed)
@@ -160,7 +175,7 @@ def collate(batch: list[Sample], pad_id: int):
     return ids, attn, resp, adv
 
 
-def lora_config(opts: TrainOptions):
+def lora_config(opts: TrainFields):
     from peft import LoraConfig
 
     targets = (opts.target_modules if opts.target_modules == "all-linear"
@@ -173,7 +188,7 @@ TRAINED = "default"  # the adapter being trained: PEFT saves "default" at the to
 
 
 @contextmanager
-def borrowed_model(engine, adapter: str | None, opts: TrainOptions):
+def borrowed_model(engine, adapter: str | None, opts: TrainFields):
     """The hf engine's own network as the trainer's model: the base weights in memory are
     shared, never copied or merged into. A trainable LoRA adapter (TRAINED: `adapter`'s
     weights, or a fresh one seeded as `load_model` seeds it) is added beside the adapters
@@ -215,7 +230,7 @@ def borrowed_model(engine, adapter: str | None, opts: TrainOptions):
             p.requires_grad_(False)
 
 
-def load_model(base: str, adapter: str | None, opts: TrainOptions):
+def load_model(base: str, adapter: str | None, opts: TrainFields):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -237,9 +252,11 @@ def load_model(base: str, adapter: str | None, opts: TrainOptions):
     return model, tokenizer
 
 
-def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: Path,
-          meta: dict, log: Callable[[dict], None]) -> dict:
-    """Run the update and write the checkpoint to `output`. Returns summary metrics."""
+def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Path,
+          meta: dict, log: Callable[[dict], None], objective: str = "ppo") -> dict:
+    """Run the update and write the checkpoint to `output`. Returns summary metrics.
+    `objective`: "ppo" (clip against the pre-update log-probs) or "nll" (supervised: the
+    token mean negative log-likelihood of each response, weighted by its advantage)."""
     import torch
     from accelerate import Accelerator
 
@@ -251,7 +268,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
     torch.manual_seed(opts.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = plan_steps(samples, opts, acc.num_processes)
-    source = old_logprobs_source(samples, getattr(opts, "old_logprobs", "auto"))
+    source = (old_logprobs_source(samples, getattr(opts, "old_logprobs", "auto"))
+              if objective == "ppo" else None)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
     model, optimizer = acc.prepare(model, optimizer)
@@ -264,7 +282,9 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
 
     partial = output.with_name(output.name + ".partial")
     start_step = state.saved_step(partial, meta)
-    if source == "generation":
+    if source is None:
+        old = {}  # supervised: no pre-update policy
+    elif source == "generation":
         old = {i: torch.tensor(s.old_logprobs, dtype=torch.float32)
                for i, s in enumerate(samples)}
     else:  # before the saved weights load: a resumed run's old policy is the initial one
@@ -282,7 +302,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainOptions, output: P
     for step in range(start_step, len(steps)):
         t0 = time.perf_counter()
         numbers = _optimizer_step(acc, model, params, forward, samples,
-                                  steps[step], old, opts)
+                                  steps[step], old, opts, objective)
         if not math.isfinite(numbers["loss"]) or not math.isfinite(numbers["grad_norm"] or 0):
             raise RlanyError(f"non-finite loss ({numbers['loss']}) or gradient norm "
                              f"({numbers['grad_norm']}) at optimizer step {step + 1}",
@@ -367,13 +387,31 @@ def _pre_update_logprobs(forward, samples: list[Sample], steps: list[list[int]],
     return old
 
 
+def _ppo_parts(logp, resp, adv, idx: list, old: dict, opts: TrainOptions, normalizer: float):
+    """PPO-clip of one micro-batch against the pre-update log-probs (`old`, filled here for
+    a first-step sample: the current weights are the old ones)."""
+    import torch
+
+    from rlany.losses import ppo_clip_loss
+
+    old_logp = torch.zeros_like(logp)  # (B, T-1)
+    for row, i in enumerate(idx):
+        if i is None:
+            continue
+        if i not in old:
+            old[i] = logp[row][resp[row]].detach().cpu()
+        old_logp[row][resp[row]] = old[i].to(logp.device, logp.dtype)
+    return ppo_clip_loss(logp, old_logp, old_logp, adv, resp, clip_eps=opts.clip_eps,
+                         kl_beta=opts.kl_beta, normalizer=normalizer)
+
+
 def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: list[int],
-                    old: dict, opts: TrainOptions) -> dict:
+                    old: dict, opts: TrainFields, objective: str = "ppo") -> dict:
     """Forward and backward over this process's micro-batches of one optimizer step, then
     the gradient clip. Returns the step's numbers over all processes (the caller steps)."""
     import torch
 
-    from rlany.losses import ppo_clip_loss
+    from rlany.losses import nll_loss
 
     world = acc.num_processes
     batches = micro_batches(group, samples, acc.process_index, world, opts.micro_batch)
@@ -386,15 +424,10 @@ def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: l
             logp, resp, adv = forward([samples[shortest if i is None else i] for i in idx])
             real = torch.tensor([i is not None for i in idx], device=resp.device)
             resp = resp & real[:, None]  # (B, T-1): padding rows have no response token
-            old_logp = torch.zeros_like(logp)  # (B, T-1)
-            for row, i in enumerate(idx):
-                if i is None:
-                    continue
-                if i not in old:  # a first-step sample: the current weights are the old
-                    old[i] = logp[row][resp[row]].detach().cpu()
-                old_logp[row][resp[row]] = old[i].to(logp.device, logp.dtype)
-            parts = ppo_clip_loss(logp, old_logp, old_logp, adv, resp, clip_eps=opts.clip_eps,
-                                  kl_beta=opts.kl_beta, normalizer=len(group) / world)
+            if objective == "nll":
+                parts = nll_loss(logp, adv, resp, normalizer=len(group) / world)
+            else:
+                parts = _ppo_parts(logp, resp, adv, idx, old, opts, len(group) / world)
             acc.backward(parts.loss)
         sums += torch.tensor([parts.objective, parts.pg, parts.kl, parts.clipped,
                               parts.tokens], dtype=torch.float64)

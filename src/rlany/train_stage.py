@@ -23,7 +23,10 @@ from rlany.options import opt
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainOptions:
+class TrainFields:
+    """What every trainer shares (train-policy, train-rm, sft): data, model, LoRA, optimizer,
+    batching and resume. The objective's own fields are in the classes below."""
+
     input: str = opt("-", "scored.jsonl from `rlany score`; - for stdin (the default).",
                      scope="io", short="-i")
     output: str = opt(help="Checkpoint directory to write (a PEFT adapter, or a full model "
@@ -41,8 +44,6 @@ class TrainOptions:
     epochs: int = opt(1, "Passes over the samples.", min=1)
     micro_batch: int = opt(4, "Sequences per forward/backward.", min=1)
     grad_accum: int = opt(2, "Micro-batches per optimizer step (per process).", min=1)
-    clip_eps: float = opt(0.2, "PPO clip epsilon.", min=0)
-    kl_beta: float = opt(0.01, "k3 KL weight against the pre-update policy.", min=0)
     max_grad_norm: float = opt(1.0, "Gradient clipping norm.", min=0, min_exclusive=True)
     weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)
     max_len: int = opt(1024, "Longest prompt+response in tokens; longer samples are dropped "
@@ -58,14 +59,22 @@ class TrainOptions:
                      choices=("auto", "float32", "bfloat16"))
     save_every: int = opt(1, "Save the resumable state every this many optimizer steps.", min=1)
     max_steps: int | None = opt(None, "Stop after this many optimizer steps.", min=1)
-    old_logprobs: str = opt("auto", "PPO's pre-update log-probs: auto (the sampling engine's, "
-                            "where every sample has them and they are exact), generation, or "
-                            "recompute (an extra forward pass).",
-                            choices=("auto", "generation", "recompute"))
 
     def check(self, name) -> None:
         if not self.target_modules.strip(" ,"):
             raise RlanyError(f"{name('target_modules')} is empty")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions(TrainFields):
+    """train-policy: PPO-clip with a k3 KL to the pre-update policy."""
+
+    clip_eps: float = opt(0.2, "PPO clip epsilon.", min=0)
+    kl_beta: float = opt(0.01, "k3 KL weight against the pre-update policy.", min=0)
+    old_logprobs: str = opt("auto", "PPO's pre-update log-probs: auto (the sampling engine's, "
+                            "where every sample has them and they are exact), generation, or "
+                            "recompute (an extra forward pass).",
+                            choices=("auto", "generation", "recompute"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,24 +85,41 @@ class TrainRmOptions(TrainOptions):
                        "dropped whole (judge prompts are longer than the policy's).", min=2)
 
 
-KINDS = {"policy": TrainOptions, "rm": TrainRmOptions}
+@dataclass(frozen=True, kw_only=True)
+class SftOptions(TrainFields):
+    """sft: supervised warm start (token negative log-likelihood) on trajectories."""
+
+    input: str = opt("-", "trajectories.jsonl, e.g. demonstrations from `rlany rollout "
+                     "--expert`; - for stdin (the default).", scope="io", short="-i")
+    lr: float = opt(3e-4, "AdamW learning rate (LoRA; full fine-tuning wants ~1e-6).",
+                    min=0, min_exclusive=True)
+    epochs: int = opt(2, "Passes over the samples.", min=1)
+    micro_batch: int = opt(8, "Sequences per forward/backward.", min=1)
+    grad_accum: int = opt(1, "Micro-batches per optimizer step (per process).", min=1)
+    all_outcomes: bool = opt(False, "Train on every trajectory's steps (default: only "
+                             "successful trajectories, outcome +1).")
 
 
-def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = info,
+KINDS = {"policy": TrainOptions, "rm": TrainRmOptions, "sft": SftOptions}
+
+
+def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = info,
         engine=None) -> dict:
-    """Train the policy ('policy') or the reward model ('rm'); write the checkpoint.
+    """Train the policy ('policy', PPO), the reward model ('rm', PPO) or warm-start the
+    policy on trajectories ('sft', negative log-likelihood); write the checkpoint.
     `engine` (the loop's): where it is an hf engine holding this base model in this
     precision, in one process, its network is borrowed instead of loading another copy."""
     from rlany.compat import resolve_dtype
     from rlany.jsonl import JsonlReader, write_text_atomic
     from rlany.models import resolve_model
-    from rlany.records import Scored
+    from rlany.records import Scored, Trajectory
     from rlany.stageio import check_adapter, output_lock, prepare_paths, sha256_file
     from rlany.train import (
         borrowed_model,
         load_model,
         policy_samples,
         rm_samples,
+        sft_samples,
         tokenize,
         train,
     )
@@ -108,9 +134,16 @@ def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = i
     if opts.adapter and not opts.full:
         check_adapter(opts.adapter)
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
-    extract = policy_samples if kind == "policy" else rm_samples
+    if kind == "sft":
+        records, label, hint = (Trajectory, "trajectories"), "sft", (
+            "no trajectory succeeded" if not opts.all_outcomes else "no steps")
+        extract: Callable = lambda recs: sft_samples(recs, opts.all_outcomes)  # noqa: E731
+    else:
+        records, label = (Scored, "scored"), f"train-{kind}"
+        hint = "every step had zero advantage or keep=false; see task_stats"
+        extract = policy_samples if kind == "policy" else rm_samples
     kept, low, high = 0, None, None  # (token id, where): the extreme recorded token ids
-    for where, record in JsonlReader(path, Scored, "scored", name=opts.input):
+    for where, record in JsonlReader(path, *records, name=opts.input):
         for sample in extract([record]):
             kept += 1
             if not sample.messages:
@@ -120,8 +153,7 @@ def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = i
                 low = (lo, where) if low is None or lo < low[0] else low
                 high = (hi, where) if high is None or hi > high[0] else high
     if not kept:  # before the model loads: nothing to learn is an answer, not a crash
-        raise RlanyError("no training samples", where=opts.input,
-                         hint="every step had zero advantage or keep=false; see task_stats")
+        raise RlanyError("no training samples", where=opts.input, hint=hint)
     if low is not None and low[0] < 0:
         raise RlanyError(f"token id {low[0]} is negative", where=low[1])
     opts = replace(opts, dtype=resolve_dtype(opts.dtype))
@@ -136,7 +168,7 @@ def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = i
     # the model is loaded (or borrowed) once the lock is held
     with lock, (borrowed_model(engine, opts.adapter, opts) if shared else
                 nullcontext(load_model(base, opts.adapter, opts))) as (net, tokenizer):
-        reader = JsonlReader(path, Scored, "scored", name=opts.input)
+        reader = JsonlReader(path, *records, name=opts.input)
         samples, dropped = tokenize(tokenizer, extract(s for _, s in reader), opts.max_len)
         if not samples:
             raise RlanyError(f"no training samples: all {dropped} longer than --max-len "
@@ -148,9 +180,11 @@ def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = i
             lines.append(json.dumps(record))
             write_text_atomic(metrics_path, "\n".join(lines) + "\n")
             if "loss" in record:
-                say(f"train-{kind} step {record['step']}/{record['of']}: loss "
-                    f"{record['loss']:+.4f} kl {record['kl']:.4f} clip {record['clip_frac']:.3f}"
-                    f" grad {record['grad_norm']:.3f} {record['tokens_per_s']:.0f} tok/s")
+                ppo = (f" kl {record['kl']:.4f} clip {record['clip_frac']:.3f}"
+                       if kind != "sft" else "")
+                say(f"{label} step {record['step']}/{record['of']}: loss "
+                    f"{record['loss']:+.4f}{ppo} grad {record['grad_norm']:.3f} "
+                    f"{record['tokens_per_s']:.0f} tok/s")
 
         meta = {"kind": kind, "base_model": base, "init_adapter": opts.adapter,
                 "iteration": opts.iteration, "data": opts.input,
@@ -158,16 +192,17 @@ def run(opts: TrainOptions, kind: str = "policy", say: Callable[[str], None] = i
                 "dropped_too_long": dropped, "dtype": opts.dtype,
                 "base_from": "engine" if shared else "disk"}
         where = ", on the engine's network (one copy in memory)" if shared else ""
-        say(f"train-{kind}: {len(samples)} samples ({dropped} dropped as longer than "
+        say(f"{label}: {len(samples)} samples ({dropped} dropped as longer than "
             f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}, "
             f"{opts.dtype}{where}")
-        summary = train(samples, net, tokenizer, opts, out, meta, log)
-    say(f"train-{kind}: {summary['steps']} optimizer steps -> {opts.output} "
+        summary = train(samples, net, tokenizer, opts, out, meta, log,
+                        objective="nll" if kind == "sft" else "ppo")
+    say(f"{label}: {summary['steps']} optimizer steps -> {opts.output} "
         f"({time.time() - started:.1f}s)")
     return summary
 
 
-def _can_borrow(engine, base: str, opts: TrainOptions) -> bool:
+def _can_borrow(engine, base: str, opts: TrainFields) -> bool:
     """One model in memory: the engine's network serves as the trainer's when it is the
     hf engine's, of the same base model and precision, and training is one process."""
     return (engine is not None and getattr(engine, "name", None) == "hf" and not opts.full

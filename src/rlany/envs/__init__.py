@@ -15,7 +15,9 @@ calls it and gives [] for an env without it.
 An env with an expert labels each step in `StepResult.info["label"]`: +1 when the action
 lies on a shortest plan to the goal from the state it was taken in, -1 otherwise (an
 unparseable response too); absent = unlabelled. `rlany eval --judge` scores the judge's
-verdicts against these labels.
+verdicts against these labels. Such an env may also offer `expert_action() -> str | None`:
+the next action of a shortest plan from the current state; `rlany rollout --expert` plays it
+to write demonstrations for `rlany sft` (a warm start).
 A module may also offer `make_tasks(n, seed, **knobs) -> list[Task]`.
 
 Image observations (GUI agents, e.g. OSWorld-like): `reset` may return an `Observation`

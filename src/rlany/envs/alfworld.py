@@ -127,6 +127,10 @@ class AlfworldEnv:
     def choices(self) -> list[str]:
         return list(self.admissible)
 
+    def expert_action(self) -> str | None:
+        """The next command of the game's expert plan (None where the game has none)."""
+        return self.policy[0] if self.policy else None
+
     def _observe(self, feedback: str) -> str:
         acts = "\n".join(f"{k + 1}. {a}" for k, a in enumerate(self.admissible))
         return f"{feedback}\nAdmissible commands:\n{acts}"

@@ -148,6 +148,14 @@ class HouseholdEnv:
     def choices(self) -> list[str]:
         return self.admissible()
 
+    def expert_action(self) -> str | None:
+        """The first action of a shortest plan from the current state (None: no plan, or
+        the goal already holds): what `rollout --expert` plays."""
+        from rlany.envs.household_plan import shortest_plan
+
+        plan = shortest_plan(self)
+        return plan[0] if plan else None
+
     def edits(self, spec: dict, direction: str) -> list:
         """Small rewrites of a valid spec that make it harder or easier (`household_edits`)."""
         from rlany.envs.household_edits import edits

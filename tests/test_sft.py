@@ -1,0 +1,131 @@
+"""The warm start: the env's expert as demonstrations (`rollout --expert`), supervised
+fine-tuning on them (`rlany sft`), and a loop that starts from that adapter (`init_policy`)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import make_traj, read_jsonl, write_jsonl
+from rlany.envs.household import HouseholdEnv
+from rlany.errors import RlanyError
+from rlany.losses import nll_loss
+from rlany.records import Task
+
+LEARN = "examples/household/learn_tasks.jsonl"
+
+
+def test_nll_loss_by_hand():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.1, 0.5, 0.9]]))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    weights = torch.tensor([1.0, 2.0])
+    parts = nll_loss(logp, weights, mask)
+    seq1 = -(math.log(0.5) + math.log(0.25)) / 2
+    seq2 = -2 * (math.log(0.1) + math.log(0.5) + math.log(0.9)) / 3
+    assert parts.loss.item() == pytest.approx((seq1 + seq2) / 2, rel=1e-6)
+    assert parts.tokens == 5 and parts.clipped == 0 and parts.kl == 0.0
+    assert nll_loss(logp, weights, mask, normalizer=4).loss.item() == \
+        pytest.approx(parts.loss.item() / 2, rel=1e-6)
+
+
+def test_household_expert_action_follows_a_shortest_plan():
+    task = Task(**{k: v for k, v in json.loads(open(LEARN).readline()).items()
+                   if k in ("task_id", "env", "spec", "prompt")})
+    env = HouseholdEnv()
+    env.reset(task)
+    for _ in range(task.spec["max_steps"]):
+        action = env.expert_action()
+        assert action in env.choices()
+        result = env.step(action)
+        assert result.info["label"] == 1
+        if result.done:
+            break
+    assert result.success
+    assert env.expert_action() is None   # the goal holds: nothing left to do
+
+
+def test_expert_rollout_writes_successful_demonstrations(tmp_path, cli):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(open(LEARN).readlines()[:6]))
+    out = tmp_path / "demos.jsonl"
+    r = cli("rollout", "-i", str(tasks), "-o", str(out), "--expert", "--n", "1",
+            "--max-steps", "4", "--history-turns", "1")
+    assert r.returncode == 0, r.stderr
+    demos = read_jsonl(out)
+    assert len(demos) == 6 and all(d["outcome"] == 1 for d in demos)
+    assert all(s["info"]["label"] == 1 for d in demos for s in d["steps"])
+    assert all(d["policy"]["model"] == "expert" for d in demos)
+    # the prompts are the policy's: the task message, then at most one earlier exchange
+    assert all(len(s["prompt_messages"]) <= 3 for d in demos for s in d["steps"])
+    meta = json.loads((tmp_path / "demos.meta.json").read_text())
+    assert meta["counts"]["success_rate"] == 1.0
+    # --expert loads no model, so an adapter is a usage error; an env without an expert fails
+    r = cli("rollout", "-i", str(tasks), "-o", str(tmp_path / "x.jsonl"), "--expert",
+            "--adapter", str(tmp_path))
+    assert r.returncode == 2 and "--expert" in r.stderr
+    sums = write_jsonl(tmp_path / "sums.jsonl", [Task(task_id="s", env="reasoning",
+                       spec={"question": "What is 1 + 1?", "answer": "2"}, prompt="")])
+    r = cli("rollout", "-i", str(sums), "-o", str(tmp_path / "y.jsonl"), "--expert")
+    assert r.returncode == 1 and "no expert" in r.stderr
+    assert not (tmp_path / "y.jsonl").exists()
+
+
+def test_sft_trains_on_successful_steps_and_lowers_their_loss(tiny_model, tmp_path, cli):
+    trajs = [make_traj("a", 0, +1, n_steps=2), make_traj("a", 1, -1, n_steps=3),
+             make_traj("b", 0, +1, n_steps=2)]
+    data = write_jsonl(tmp_path / "demos.jsonl", trajs)
+    r = cli("sft", "-i", str(data), "-o", str(tmp_path / "sft"), "--model", tiny_model,
+            "--epochs", "8", "--micro-batch", "4", "--lr", "1e-2")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "sft" / "rlany.json").read_text())
+    assert meta["kind"] == "sft" and meta["samples"] == 4   # the failed trajectory's 3: no
+    assert meta["metrics"]["old_logprobs"] is None
+    losses = [rec["loss"] for rec in read_jsonl(tmp_path / "sft.metrics.jsonl")]
+    assert len(losses) == 8 and losses[-1] < 0.8 * losses[0]   # 6.27 -> 4.49 here
+    assert all(rec["kl"] == 0 and rec["clip_frac"] == 0
+               for rec in read_jsonl(tmp_path / "sft.metrics.jsonl"))
+    r = cli("sft", "-i", str(data), "-o", str(tmp_path / "all"), "--model", tiny_model,
+            "--all-outcomes", "--max-steps", "1")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "all" / "rlany.json").read_text())["samples"] == 7
+    failed = write_jsonl(tmp_path / "failed.jsonl", [make_traj("a", 1, -1)])
+    r = cli("sft", "-i", str(failed), "-o", str(tmp_path / "none"), "--model", tiny_model)
+    assert r.returncode == 1 and "no training samples" in r.stderr
+    assert "no trajectory succeeded" in r.stderr and not (tmp_path / "none").exists()
+
+
+def test_loop_starts_from_init_policy(tmp_path, tiny_model, tiny_lora):
+    from test_loop import _config, _run
+
+    config = _config(tmp_path, tiny_model, step_feedback=False, rm_training=False,
+                     env_adaptation=False)
+    loop = _run(config, init_policy=tiny_lora, iterations=1)
+    it0 = loop.dir / "iter_000"
+    assert read_jsonl(it0 / "trajectories.jsonl")[0]["policy"]["adapter"] == tiny_lora
+    trained = json.loads((it0 / "policy" / "rlany.json").read_text())
+    assert trained["init_adapter"] == tiny_lora
+    assert json.loads((loop.dir / "eval_init.json").read_text())["policy"]["adapter"] == tiny_lora
+    assert json.loads((loop.dir / "config.json").read_text())["init_policy"] == tiny_lora
+    (tmp_path / "x").mkdir()
+    with pytest.raises(RlanyError, match="init_policy"):   # not an adapter directory
+        _run(_config(tmp_path / "x", tiny_model), init_policy=str(tmp_path))
+
+
+def test_a_run_from_before_init_policy_still_resumes(tmp_path, tiny_model):
+    from test_loop import _config
+
+    from rlany.loop import Loop, load_config
+
+    config = _config(tmp_path, tiny_model)
+    loop = Loop(load_config(config), config)
+    loop._init_run_dir()
+    echo = loop.dir / "config.json"
+    older = json.loads(echo.read_text())
+    del older["init_policy"]   # what a run started before the key existed wrote
+    echo.write_text(json.dumps(older))
+    Loop(load_config(config), config)._init_run_dir()   # the default: the same config
+    with pytest.raises(RlanyError, match="different config"):
+        Loop(load_config(config, {"init_policy": str(tmp_path)}), config)._init_run_dir()
