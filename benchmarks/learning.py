@@ -77,23 +77,30 @@ def warm_start(config: str, seed: int, runs_dir: str, sets: list[str]) -> str:
     Both steps are skipped when complete (the rollout file resumes by itself)."""
     from rlany.loop_config import load_config
     from rlany.options import to_argv
+    from rlany.stageio import read_tasks
     from rlany.train_stage import SftOptions
 
     cfg = load_config(config, sets=sets)
     d = Path(runs_dir) / f"warm-start-s{seed}"
-    d.mkdir(parents=True, exist_ok=True)
     demos, adapter = d / "demos.jsonl", d / "sft"
-    pool = sum(1 for line in open(cfg.tasks, encoding="utf-8") if line.strip())
+    pool = len(read_tasks(cfg.tasks)[0])
     rollout = replace(cfg.options("rollout", input=cfg.tasks, output=str(demos)), expert=True,
                       n=1, sample_tasks=pool, constrain_actions=False)  # every task, once
+    policy = cfg.options("train_policy", input="-", output="-")
+    sft = SftOptions(input=str(demos), output=str(adapter), model=policy.model, seed=seed,
+                     dtype=policy.dtype, lora_r=policy.lora_r, lora_alpha=policy.lora_alpha,
+                     target_modules=policy.target_modules)
+    commands = [to_argv("rollout", rollout)[1:], to_argv("sft", sft)[1:]]
+    record = d / "commands.json"  # a warm start made for other settings is not reused
+    if record.exists() and json.loads(record.read_text()) != commands:
+        raise SystemExit(f"{record}: this warm start was made with other commands; move "
+                         "it away or use another --runs-dir")
+    d.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(commands, indent=1) + "\n")
     if not (d / "demos.meta.json").exists():
-        rlany(*to_argv("rollout", rollout)[1:])
+        rlany(*commands[0])
     if not (adapter / "rlany.json").exists():
-        policy = cfg.options("train_policy", input="-", output="-")
-        sft = SftOptions(input=str(demos), output=str(adapter), model=policy.model, seed=seed,
-                         dtype=policy.dtype, lora_r=policy.lora_r,
-                         lora_alpha=policy.lora_alpha, target_modules=policy.target_modules)
-        rlany(*to_argv("sft", sft)[1:])
+        rlany(*commands[1])
     return str(adapter)
 
 def run_loop(config: str, name: str, seed: int, flags: list[str], runs_dir: str,

@@ -68,9 +68,12 @@ def test_expert_rollout_writes_successful_demonstrations(tmp_path, cli):
     assert r.returncode == 2 and "--expert" in r.stderr
     sums = write_jsonl(tmp_path / "sums.jsonl", [Task(task_id="s", env="reasoning",
                        spec={"question": "What is 1 + 1?", "answer": "2"}, prompt="")])
-    r = cli("rollout", "-i", str(sums), "-o", str(tmp_path / "y.jsonl"), "--expert")
-    assert r.returncode == 1 and "no expert" in r.stderr
-    assert not (tmp_path / "y.jsonl").exists()
+    r = cli("rollout", "-i", str(sums), "-o", str(tmp_path / "y.jsonl"), "--expert", "--n", "1")
+    assert r.returncode == 1 and f"{sums}:1: environment 'reasoning' has no expert" in r.stderr
+    assert not list(tmp_path.glob("y.jsonl*"))   # refused at read: nothing written
+    # the expert is deterministic: n copies of one plan would only repeat it
+    r = cli("rollout", "-i", str(tasks), "-o", str(tmp_path / "z.jsonl"), "--expert")
+    assert r.returncode == 2 and "--n 1" in r.stderr and not list(tmp_path.glob("z.jsonl*"))
 
 
 def test_sft_trains_on_successful_steps_and_lowers_their_loss(tiny_model, tmp_path, cli):
@@ -110,14 +113,15 @@ def test_loop_starts_from_init_policy(tmp_path, tiny_model, tiny_lora):
     assert json.loads((loop.dir / "eval_init.json").read_text())["policy"]["adapter"] == tiny_lora
     assert json.loads((loop.dir / "config.json").read_text())["init_policy"] == tiny_lora
     (tmp_path / "x").mkdir()
-    with pytest.raises(RlanyError, match="init_policy"):   # not an adapter directory
+    with pytest.raises(RlanyError, match="init_policy .* is not a LoRA adapter") as e:
         _run(_config(tmp_path / "x", tiny_model), init_policy=str(tmp_path))
+    assert e.value.where.endswith("loop.toml")   # the config's error, before any write
+    assert not (tmp_path / "x" / "runs").exists()
 
 
 def test_a_run_from_before_init_policy_still_resumes(tmp_path, tiny_model):
-    from test_loop import _config
-
     from rlany.loop import Loop, load_config
+    from test_loop import _config
 
     config = _config(tmp_path, tiny_model)
     loop = Loop(load_config(config), config)
@@ -128,4 +132,13 @@ def test_a_run_from_before_init_policy_still_resumes(tmp_path, tiny_model):
     echo.write_text(json.dumps(older))
     Loop(load_config(config), config)._init_run_dir()   # the default: the same config
     with pytest.raises(RlanyError, match="different config"):
-        Loop(load_config(config, {"init_policy": str(tmp_path)}), config)._init_run_dir()
+        Loop(load_config(config, {"iterations": 5}), config)._init_run_dir()
+
+
+def test_vllm_serves_the_warm_start_adapters_rank(tmp_path, tiny_model, tiny_lora):
+    from rlany.loop import load_config
+    from test_loop import _config
+
+    config = _config(tmp_path, tiny_model)   # trains rank 4; tiny_lora has rank 8
+    assert load_config(config).run["max_lora_rank"] == 4
+    assert load_config(config, {"init_policy": tiny_lora}).run["max_lora_rank"] == 8

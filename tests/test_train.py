@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import make_judgment, make_traj, write_jsonl
+from rlany.errors import RlanyError
 from rlany.losses import ppo_clip_loss, token_logprobs
 from rlany.score import ScoreOptions, score_group
 from rlany.train import Sample, TrainOptions, load_model, plan_steps, tokenize, train
@@ -155,6 +156,12 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path):
               die_after_two)
     assert (tmp_path / "resumed.partial" / "state.json").exists()
     assert not (tmp_path / "resumed").exists()          # no half checkpoint
+    # other batching (here: another seed's sample order) must not continue that state
+    other = TrainOptions(output="unused", lr=1e-2, seed=1, micro_batch=2, grad_accum=1)
+    model, tok = load_model(tiny_model, None, other)
+    with pytest.raises(RlanyError, match="other samples or batching"):
+        train(_samples(tok), model, tok, other, tmp_path / "resumed", {"data_sha256": "x"},
+              lambda record: None)
     model, tok = load_model(tiny_model, None, opts)
     logs = []
     train(_samples(tok), model, tok, opts, tmp_path / "resumed", {"data_sha256": "x"},

@@ -8,9 +8,9 @@ One iteration (runs/NAME/iter_NNN/), a table of stages run in order:
     policy/, rm/          train-policy, train-rm (each continues its latest adapter)
     next_tasks.jsonl, candidates.jsonl, decisions.jsonl      adapt-tasks
     eval.json             the new policy (and judge) on held-out tasks, every `eval_every`
-(runs/NAME/eval_base.json: the base model before iteration 0; eval_init.json: the warm
-start `init_policy`, an adapter such as `rlany sft`'s, that iteration 0 starts from)
     done.json             the iteration's metrics; runs/NAME/metrics.jsonl is rebuilt from these
+Before iteration 0: runs/NAME/eval_base.json (the base model) and, with `init_policy` (a
+warm-start adapter such as `rlany sft`'s, which iteration 0 starts from), eval_init.json.
 
 The config is flat: top-level keys (the run: name, tasks, model, engine, seed, ...) and one
 table per stage whose keys are that stage's flags, e.g. `[rollout] max_tokens = 96` is
@@ -129,10 +129,7 @@ class Loop:
         return self._engine
 
     def run(self) -> None:
-        self._init_run_dir()
-        if self.cfg.init_policy:
-            from rlany.stageio import check_adapter
-            check_adapter(self.cfg.init_policy, "init_policy")
+        self._init_run_dir()  # init_policy was checked with the config
         if self.cfg.eval_tasks:
             self.stage(EVAL, self.dir, -1, output=str(self.dir / "eval_base.json"),
                        adapter=None, judge_adapter=None)

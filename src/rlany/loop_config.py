@@ -123,10 +123,33 @@ def load_config(path: str, overrides: dict[str, Any] | None = None,
         if top.get(key, 1) < 1:
             raise RlanyError(f"'{key}' must be >= 1, got {top[key]}", where=path)
     cfg = LoopConfig(**top, run=run, tables=sections, path=path)
+    if cfg.init_policy:
+        _check_init_policy(cfg)
     _resolve(cfg, overrides)
     for table in tables:  # every stage's options, checked before anything runs
         cfg.options(table, **_placeholders(tables[table][1]))
     return cfg
+
+
+def _init_rank(cfg: LoopConfig) -> int:
+    """The LoRA rank of the warm-start adapter (its adapter_config.json's r; 0: unknown)."""
+    import json
+
+    try:
+        r = json.loads((Path(cfg.init_policy) / "adapter_config.json").read_text()).get("r")
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return r if isinstance(r, int) else 0
+
+
+def _check_init_policy(cfg: LoopConfig) -> None:
+    if not (Path(cfg.init_policy) / "adapter_config.json").is_file():
+        raise RlanyError(f"init_policy {cfg.init_policy!r} is not a LoRA adapter directory "
+                         "(no adapter_config.json)", where=cfg.path,
+                         hint="e.g. the output of `rlany sft`")
+    if cfg.tables.get("train_policy", {}).get("full"):
+        raise RlanyError("init_policy is a LoRA adapter; [train_policy] full = true cannot "
+                         "continue it", where=cfg.path)
 
 
 def _apply_set(raw: dict[str, Any], item: str) -> None:
@@ -155,7 +178,8 @@ def _apply_set(raw: dict[str, Any], item: str) -> None:
 
 def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:
     """The values the loop derives from the config, written into it so that the printed
-    commands carry them: lambda from step_feedback, eval's judge settings, the LoRA rank."""
+    commands carry them: lambda from step_feedback, eval's judge settings, the LoRA rank
+    (the largest trained or, with init_policy, continued)."""
     score = cfg.tables.setdefault("score", {})
     if not cfg.step_feedback:
         if score.get("lam", 0.0) != 0.0 and overrides.get("step_feedback") is not False:
@@ -171,9 +195,10 @@ def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:
     if "max_lora_rank" not in cfg.run:
         # vLLM pads every adapter to max_lora_rank: serve exactly the largest rank trained
         from rlany.train_stage import TrainOptions
-        cfg.run["max_lora_rank"] = max(
-            cfg.tables.get(t, {}).get("lora_r", TrainOptions.lora_r)
-            for t in ("train_policy", "train_rm"))
+        cfg.run["max_lora_rank"] = max(  # train-policy continues init_policy in its shape
+            [cfg.tables.get(t, {}).get("lora_r", TrainOptions.lora_r)
+             for t in ("train_policy", "train_rm")]
+            + ([_init_rank(cfg)] if cfg.init_policy else []))
 
 
 def _placeholders(cls: type) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""The policy-gradient loss shared by `train-policy` and `train-rm`.
+"""The policy-gradient loss shared by `train-policy` and `train-rm`, and `sft`'s supervised
+one (`nll_loss`, at the end).
 
 PPO-clip on token log-ratios against the pre-update policy, with an optional k3 KL penalty
 against the same pre-update snapshot (DESIGN §4):

@@ -70,8 +70,9 @@ class RolloutOptions(EpisodeFields):
                                    "every candidate task; default: all.", min=1)
     expert: bool = opt(False, "Play the env's expert instead of a model (envs with "
                        "expert_action(): household, alfworld): demonstrations for `rlany "
-                       "sft`, in the prompts this rollout's flags give. No model is loaded.",
-                       scope="io")
+                       "sft`, in the prompts this rollout's flags give (--history-turns, "
+                       "--max-steps). Needs --n 1; no model is loaded, so the sampling and "
+                       "engine flags do not apply.", scope="io")
 
     @property
     def sampling(self) -> Sampling:
@@ -158,13 +159,18 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
         yield [_trajectory(e, opts, policy) for e in group]
 
 
+def _has_expert(task: Task) -> None:
+    """`--expert`: every task's env must have one (checked at read, with the line)."""
+    from rlany import envs
+
+    if not hasattr(envs.make_env(task.env), "expert_action"):
+        raise RlanyError(f"environment '{task.env}' has no expert (no expert_action() "
+                         "method), so --expert cannot be used with it")
+
+
 def _expert_result(e: _Episode, n: int) -> Result:
     """The env's expert action as `n` identical completions (no model, no token ids)."""
-    act = getattr(e.env, "expert_action", None)
-    if act is None:
-        raise RlanyError(f"environment '{e.task.env}' has no expert (no expert_action() "
-                         "method), so --expert cannot be used with it")
-    text = act() or ""  # no plan from here: an empty response, which the env rejects
+    text = e.env.expert_action() or ""  # no plan from here: an empty response, rejected
     return Result(prompt_token_ids=[], completions=[
         Completion(text=text, token_ids=[], finish_reason="stop") for _ in range(n)])
 
@@ -277,8 +283,12 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     started = time.time()
     if opts.expert and (engine is not None or opts.adapter):
         raise UsageError("--expert plays the env's expert: no model, so no --adapter")
+    if opts.expert and opts.n != 1:
+        raise UsageError(f"--expert plays one deterministic plan per task: --n {opts.n} would "
+                         "repeat it; use --n 1")
     tasks, reader, engine = begin_generation(
-        opts, {"--output": opts.output}, ExpertEngine() if opts.expert else engine)
+        opts, {"--output": opts.output}, ExpertEngine() if opts.expert else engine,
+        check=_has_expert if opts.expert else None)
     input_tasks, tasks = len(tasks), sample_tasks(tasks, opts)
     flags = engine_flags(opts, engine)
     with output_lock(opts.output):

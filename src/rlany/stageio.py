@@ -37,14 +37,15 @@ def prepare_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]
 
 
 def begin_generation(opts: Any, outputs: dict[str, str | None], engine: Any = None,
-                     adapters: dict[str, str | None] | None = None):
+                     adapters: dict[str, str | None] | None = None,
+                     check: Callable[[Any], None] | None = None):
     """(tasks, reader, engine) for a stage that generates from `opts.input`: adapters and
-    paths checked and tasks read (bad input fails before an engine starts), then the
-    engine started unless one is given (the loop passes its own)."""
+    paths checked and tasks read (bad input, or a task `check` refuses, fails before an
+    engine starts), then the engine started unless one is given (the loop passes its own)."""
     for flag, adapter in {"--adapter": opts.adapter, **(adapters or {})}.items():
         check_adapter(adapter, flag)
     paths = prepare_paths({"--input": opts.input}, outputs)
-    tasks, reader = read_tasks(paths["--input"], name=opts.input)
+    tasks, reader = read_tasks(paths["--input"], name=opts.input, check=check)
     return tasks, reader, engine or start_engine(opts)
 
 

@@ -102,7 +102,8 @@ def sft_samples(trajectories: Iterable[Trajectory], all_outcomes: bool = False
         if traj.outcome != 1 and not all_outcomes:
             continue
         for step in traj.steps:
-            if step.prompt_messages and "error" not in step.info:
+            # an empty response (the expert had no plan from there) would teach stopping
+            if step.prompt_messages and step.response and "error" not in step.info:
                 yield RawSample(step.prompt_messages, step.response, 1.0,
                                 step.finish_reason != "length", step.token_ids)
 
@@ -268,6 +269,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     torch.manual_seed(opts.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = plan_steps(samples, opts, acc.num_processes)
+    if objective not in ("ppo", "nll"):
+        raise RlanyError(f"unknown training objective {objective!r}")
     source = (old_logprobs_source(samples, getattr(opts, "old_logprobs", "auto"))
               if objective == "ppo" else None)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -281,7 +284,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
         return response_logprobs(model, collate(batch, pad), acc.device, keep)
 
     partial = output.with_name(output.name + ".partial")
-    start_step = state.saved_step(partial, meta)
+    plan = state.plan_key(samples, steps)
+    start_step = state.saved_step(partial, meta, plan)
     if source is None:
         old = {}  # supervised: no pre-update policy
     elif source == "generation":
@@ -319,7 +323,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
             log(record)
         summary.update({k: record[k] for k in ("loss", "kl", "clip_frac", "grad_norm")})
         if (step + 1) % opts.save_every == 0 and step + 1 < len(steps):
-            state.save_state(acc, partial, step + 1, meta)
+            state.save_state(acc, partial, step + 1, meta, plan)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     weights = acc.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the shards
     if acc.is_main_process:
@@ -434,9 +438,9 @@ def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: l
     grad_norm = acc.clip_grad_norm_(params, opts.max_grad_norm)  # None under DeepSpeed
     if world > 1:
         sums = acc.reduce(sums.to(acc.device), "sum").cpu()
-    objective, pg, kl, clipped, tokens = sums.tolist()
+    total, pg, kl, clipped, tokens = sums.tolist()
     n = len(group)
-    return {"loss": objective / n, "pg": pg / n, "kl": kl / n,
+    return {"loss": total / n, "pg": pg / n, "kl": kl / n,
             "clip_frac": clipped / max(tokens, 1), "tokens": int(tokens),
             "grad_norm": None if grad_norm is None else float(grad_norm)}
 

@@ -1,10 +1,12 @@
-"""`rlany train-policy` and `rlany train-rm`: one options class, one file driver, two sample
-extractors. The update itself (PPO-clip with a k3 KL, accumulation, resume, Accelerate) is
-`rlany.train`; this module reads scored.jsonl, picks the samples and writes the checkpoint.
+"""`rlany train-policy`, `rlany train-rm` and `rlany sft`: options classes on one shared base
+(TrainFields), one file driver, three sample extractors. The update itself (PPO-clip with a
+k3 KL, or the supervised NLL for sft; accumulation, resume, Accelerate) is `rlany.train`;
+this module reads the records, picks the samples and writes the checkpoint.
 
 train-policy: each kept scored step (prompt messages -> response) weighted by its advantage.
 train-rm: each kept judge sample (judge prompt -> reasoning and verdict) weighted by its
-consistency advantage. Both train the sampled token ids where the records carry them.
+consistency advantage. sft: each step of a successful trajectory (trajectories.jsonl), weight
+1. All train the sampled token ids where the records carry them.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ killed midway leaves the previous state in force. The final checkpoint is writte
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -34,8 +35,9 @@ def save_trainable_only(acc, model) -> None:
     acc.register_save_state_pre_hook(keep_trainable)
 
 
-def saved_step(partial: Path, meta: dict) -> int:
-    """The optimizer step an interrupted run of the same data saved (0: none)."""
+def saved_step(partial: Path, meta: dict, plan: str | None = None) -> int:
+    """The optimizer step an interrupted run of the same data and the same plan (`plan`:
+    a hash of the samples and their order into steps) saved (0: none)."""
     state_file = partial / "state.json"
     if not state_file.exists():
         return 0
@@ -43,17 +45,33 @@ def saved_step(partial: Path, meta: dict) -> int:
     if state.get("data_sha256") != meta.get("data_sha256"):
         raise RlanyError("an interrupted training of other data is in the way",
                          where=str(partial), hint="delete it to start over")
+    if plan is not None and state.get("plan", plan) != plan:  # older states have none
+        raise RlanyError("an interrupted training with other samples or batching is in the "
+                         "way (flags such as --epochs, --micro-batch, --seed, --max-len or "
+                         "--all-outcomes changed)", where=str(partial),
+                         hint="rerun with the same flags, or delete it to start over")
     return int(state["step"])
 
 
-def save_state(acc, partial: Path, step: int, meta: dict) -> None:
+def plan_key(samples: list, steps: list[list[int]]) -> str:
+    """What a resumed run must share with the interrupted one: every sample's tokens and
+    weight, and which samples make each optimizer step."""
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(json.dumps([s.prompt_ids, s.response_ids, s.advantage]).encode())
+    h.update(json.dumps(steps).encode())
+    return h.hexdigest()
+
+
+def save_state(acc, partial: Path, step: int, meta: dict, plan: str | None = None) -> None:
     """Every process saves its part into step-N/; then the main process points state.json
     at it (atomically), so a save killed midway leaves the previous one in force."""
     acc.save_state(str(partial / f"step-{step}"))
     acc.wait_for_everyone()
     if acc.is_main_process:
         tmp = partial / "state.json.tmp"
-        tmp.write_text(json.dumps({"step": step, "data_sha256": meta.get("data_sha256")}))
+        tmp.write_text(json.dumps({"step": step, "data_sha256": meta.get("data_sha256"),
+                                   "plan": plan}))
         os.replace(tmp, partial / "state.json")
         for old in partial.glob("step-*"):
             if old.name != f"step-{step}":
