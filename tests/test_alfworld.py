@@ -92,3 +92,17 @@ def test_rollout_from_the_cli(games, tmp_path, cli):
     assert len(trajs) == 4 and all(1 <= len(t["steps"]) <= 3 for t in trajs)
     assert trajs[0]["steps"][0]["action"] == walkthrough(games[0])[0]
     assert "Admissible commands:" in trajs[0]["steps"][0]["prompt_messages"][-1]["content"]
+
+
+def test_the_expert_wins_every_game_from_the_cli(games, tmp_path, cli):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": t.task_id, "env": "alfworld",
+                                         "spec": t.spec, "prompt": t.prompt}) + "\n"
+                             for t in games))
+    r = cli("rollout", "-i", str(tasks), "-o", str(tmp_path / "demos.jsonl"), "--expert",
+            "--n", "1", "--max-steps", "10")
+    assert r.returncode == 0, r.stderr
+    demos = read_jsonl(tmp_path / "demos.jsonl")
+    assert [d["outcome"] for d in demos] == [1, 1]
+    assert [s["action"] for s in demos[0]["steps"]] == walkthrough(games[0])
+    assert all(s["info"]["label"] == 1 for d in demos for s in d["steps"])
