@@ -265,6 +265,13 @@ def test_report_writes_plots_and_tables(tmp_path, cli):
     assert cli("report", str(run)).returncode == 0
     md = (run / "report" / "report.md").read_text()
     assert "gain +0.250, 95% interval +0.145 to +0.348 (above the base model beyond noise)" in md
+    assert "warm start" not in md
+    (run / "eval_init.json").write_text(json.dumps({"success_rate": 0.375, "trajectories": 128,
+                                                    "success_ci95": [0.3, 0.46]}))
+    assert cli("report", str(run)).returncode == 0
+    md = (run / "report" / "report.md").read_text()   # RL's own part: none here
+    assert "From the warm start (init_policy), RL's own part: 0.375" in md
+    assert "gain +0.000, 95% interval" in md and "within noise" in md
 
 
 def test_cli_adapt_tasks_with_no_pending_candidates(tmp_path, cli):

@@ -30,37 +30,48 @@ def load_run(run: Path) -> dict:
         raise RlanyError("no metrics.jsonl: not a loop run directory (or no iteration "
                          "finished yet)", where=str(run))
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    base = run / "eval_base.json"
+    base, init = run / "eval_base.json", run / "eval_init.json"
     evals = sorted(run.glob("iter_*/eval.json"))
     return {"name": run.name, "rows": rows,
             "base": json.loads(base.read_text()) if base.exists() else None,
+            "init": json.loads(init.read_text()) if init.exists() else None,
             "final": json.loads(evals[-1].read_text()) if evals else None,
             "final_iteration": int(evals[-1].parent.name[5:]) if evals else None}
 
 
 def gain_line(run: dict) -> str | None:
     """Held-out success base -> latest evaluation, the gain with its 95% interval, and
-    whether the gain clears that noise."""
-    from rlany.evaluate import gain_interval
-
+    whether the gain clears that noise; with a warm start (eval_init.json), also RL's own
+    gain over it."""
     base, final = run["base"], run["final"]
     if not base or not final or not base.get("trajectories") or not final.get("trajectories"):
         return None
-    kb = round(base["success_rate"] * base["trajectories"])
-    kf = round(final["success_rate"] * final["trajectories"])
-    lo, hi = gain_interval(kf, final["trajectories"], kb, base["trajectories"])
-    gain = final["success_rate"] - base["success_rate"]
-    verdict = ("above the base model beyond noise" if lo > 0 else
-               "below the base model beyond noise" if hi < 0 else
-               "within noise: the interval includes no change")
+    line = (f"Held-out success: base {_gain(base, final, 'the base model')} after "
+            f"iteration {run['final_iteration']}.")
+    init = run.get("init")
+    if init and init.get("trajectories"):
+        line += (" From the warm start (init_policy), RL's own part: "
+                 f"{_gain(init, final, 'the warm start')}.")
+    return line
+
+
+def _gain(before: dict, after: dict, what: str) -> str:
+    from rlany.evaluate import gain_interval
+
+    kb = round(before["success_rate"] * before["trajectories"])
+    kf = round(after["success_rate"] * after["trajectories"])
+    lo, hi = gain_interval(kf, after["trajectories"], kb, before["trajectories"])
+    gain = after["success_rate"] - before["success_rate"]
+    verdict = (f"above {what} beyond noise" if lo > 0 else f"below {what} beyond noise"
+               if hi < 0 else "within noise: the interval includes no change")
+
     def ci(e):
         c = e.get("success_ci95") or [0.0, 1.0]
         return f"{c[0]:.2f}-{c[1]:.2f}"
-    return (f"Held-out success: base {base['success_rate']:.3f} (95% {ci(base)}, "
-            f"{base['trajectories']} episodes) -> {final['success_rate']:.3f} (95% "
-            f"{ci(final)}, {final['trajectories']} episodes) after iteration "
-            f"{run['final_iteration']}: gain {gain:+.3f}, 95% interval {lo:+.3f} to {hi:+.3f} "
-            f"({verdict}).")
+    return (f"{before['success_rate']:.3f} (95% {ci(before)}, {before['trajectories']} "
+            f"episodes) -> {after['success_rate']:.3f} (95% {ci(after)}, "
+            f"{after['trajectories']} episodes): gain {gain:+.3f}, 95% interval {lo:+.3f} "
+            f"to {hi:+.3f} ({verdict})")
 
 
 def _fmt(v) -> str:
