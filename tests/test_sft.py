@@ -81,13 +81,13 @@ def test_sft_trains_on_successful_steps_and_lowers_their_loss(tiny_model, tmp_pa
              make_traj("b", 0, +1, n_steps=2)]
     data = write_jsonl(tmp_path / "demos.jsonl", trajs)
     r = cli("sft", "-i", str(data), "-o", str(tmp_path / "sft"), "--model", tiny_model,
-            "--epochs", "8", "--micro-batch", "4", "--lr", "1e-2")
+            "--epochs", "8", "--micro-batch", "4", "--lr", "3e-3", "--dtype", "float32")
     assert r.returncode == 0, r.stderr
     meta = json.loads((tmp_path / "sft" / "rlany.json").read_text())
     assert meta["kind"] == "sft" and meta["samples"] == 4   # the failed trajectory's 3: no
     assert meta["metrics"]["old_logprobs"] is None
     losses = [rec["loss"] for rec in read_jsonl(tmp_path / "sft.metrics.jsonl")]
-    assert len(losses) == 8 and losses[-1] < 0.8 * losses[0]   # 6.27 -> 4.49 here
+    assert len(losses) == 8 and max(losses[-2:]) < 0.8 * losses[0]   # 6.30 -> 4.51 here
     assert all(rec["kl"] == 0 and rec["clip_frac"] == 0
                for rec in read_jsonl(tmp_path / "sft.metrics.jsonl"))
     r = cli("sft", "-i", str(data), "-o", str(tmp_path / "all"), "--model", tiny_model,
