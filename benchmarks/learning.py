@@ -64,11 +64,15 @@ ARMS = {
 }
 
 
-def rlany(*args: str) -> None:
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+def rlany(*args: str, what: str | None = None) -> None:
+    """Run one rlany command in its own process, printed first; a failure stops the
+    benchmark (`what` names it in the message), whose rerun resumes it."""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"}
     print("$ rlany " + " ".join(args), file=sys.stderr, flush=True)
     if subprocess.run([sys.executable, "-m", "rlany", *args], env=env).returncode != 0:
-        raise SystemExit(f"rlany {args[0]} failed; rerun the benchmark to resume it")
+        raise SystemExit(f"{what or 'rlany ' + args[0]} failed; rerun the benchmark to "
+                         "resume it")
 
 
 def warm_start(config: str, seed: int, runs_dir: str, sets: list[str]) -> str:
@@ -103,15 +107,11 @@ def warm_start(config: str, seed: int, runs_dir: str, sets: list[str]) -> str:
         rlany(*commands[1])
     return str(adapter)
 
+
 def run_loop(config: str, name: str, seed: int, flags: list[str], runs_dir: str,
              sets: list[str]) -> None:
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "rlany", "loop", config, "--name", name, "--seed", str(seed),
-           "--runs-dir", runs_dir, *flags, *[a for s in sets for a in ("--set", s)]]
-    print("$ " + " ".join(cmd[2:]), file=sys.stderr, flush=True)
-    if subprocess.run(cmd, env=env).returncode != 0:
-        raise SystemExit(f"the {name} run failed; rerun the benchmark to resume it")
+    rlany("loop", config, "--name", name, "--seed", str(seed), "--runs-dir", runs_dir, *flags,
+          *[a for s in sets for a in ("--set", s)], what=f"the {name} run")
 
 
 def _eval(path: Path) -> dict | None:

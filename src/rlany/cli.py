@@ -57,7 +57,9 @@ _stage("rollout", "rollout", "RolloutOptions",
        "rlany rollout -i tasks.jsonl -o - --n 4 | rlany judge -i - -o - | rlany score -i - "
        "-o scored.jsonl",
        "rlany rollout -i examples/household/tasks.jsonl -o traj.jsonl --max-steps 8 "
-       "--constrain-actions")
+       "--constrain-actions",
+       "rlany rollout -i examples/household/learn_tasks.jsonl -o demos.jsonl --expert --n 1 "
+       "--max-steps 4 --history-turns 1")
 _stage("judge", "judge", "JudgeOptions",
        "Judge every step with a generative reward model: m samples per step (sharing the "
        "prompt), each reasoning then giving +1 or -1 (decoded constrained by default, so "
