@@ -304,7 +304,11 @@ def main() -> dict:
                         choices=list(ARMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, help="override the config's iterations")
-    parser.add_argument("--runs-dir", help="default: runs/learning (runs/learning-reduced)")
+    parser.add_argument("--bench", help="the results' name: benchmarks/results/BENCH.json, "
+                        ".md and -report/, runs/BENCH, README block BENCH-table (default: "
+                        "learning, or learning-reduced); another config needs its own, e.g. "
+                        "--bench learning-reasoning")
+    parser.add_argument("--runs-dir", help="default: runs/BENCH")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to `rlany loop --set` (every run)")
     parser.add_argument("--tag", help="a variant of the arms (with --set): runs are named "
@@ -332,7 +336,12 @@ def main() -> dict:
     if args.reduced:
         args.seeds, args.arms = [0], ["policy-only", "full"]
         sets += ["iterations=2", "eval_every=2"]
-    bench = "learning-reduced" if args.reduced else "learning"
+    bench = args.bench or ("learning-reduced" if args.reduced else "learning")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", bench):
+        parser.error(f"--bench {bench!r}: letters, digits, '_', '.' and '-' only")
+    if args.bench is None and args.config != parser.get_default("config"):
+        parser.error("another --config needs its own --bench (its results would replace "
+                     "the household benchmark's)")
     args.runs_dir = args.runs_dir or f"runs/{bench}"
     if args.iterations:
         sets.append(f"iterations={args.iterations}")
@@ -357,7 +366,7 @@ def main() -> dict:
     subprocess.run([sys.executable, "-m", "rlany", "report", *run_dirs, "-o", str(report)],
                    check=False)
     if args.readme:
-        write_readme_block("learning-table", text)
+        write_readme_block(f"{bench}-table", text)
     result = {"metric": "held-out success per arm, pooled over seeds (base -> final)",
               "config": args.config, "sets": sets, "arms": arms, "runs": by_arm,
               "seconds": round(time.perf_counter() - started, 1),

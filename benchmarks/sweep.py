@@ -139,7 +139,11 @@ def main() -> dict:
                         help="a loop config key and its values (';'-separated where a value "
                         "has commas); repeatable, one knob varied at a time")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--runs-dir", default="runs/sweep")
+    parser.add_argument("--bench", default="sweep",
+                        help="the results' name: benchmarks/results/BENCH.json and .md, "
+                        "runs/BENCH, README block BENCH-table; another config needs its own, "
+                        "e.g. --bench sweep-reasoning")
+    parser.add_argument("--runs-dir", help="default: runs/BENCH")
     parser.add_argument("--default-from", metavar="DIR",
                         help="take the default runs from DIR/policy-only-sSEED (the learning "
                         "benchmark's) instead of running them; their policy settings must "
@@ -148,8 +152,13 @@ def main() -> dict:
                         help="run nothing: summarize the runs under --runs-dir")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.bench):
+        parser.error(f"--bench {args.bench!r}: letters, digits, '_', '.' and '-' only")
+    if args.bench == "sweep" and args.config != parser.get_default("config"):
+        parser.error("another --config needs its own --bench (its results would replace "
+                     "the household sweep's)")
     points = parse_vary(args.vary)
-    runs_dir = Path(args.runs_dir)
+    runs_dir = Path(args.runs_dir or f"runs/{args.bench}")
     seeds = list(args.seeds)
     if args.report_only:  # every run the directory holds, whatever was varied, every seed
         points, seeds = [], sorted({int(m[2]) for d in runs_dir.glob("*-s*")
@@ -187,14 +196,14 @@ def main() -> dict:
     text = table(rows)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sweep.md").write_text(text)
+    (RESULTS / f"{args.bench}.md").write_text(text)
     if args.readme:
-        write_readme_block("sweep-table", text)
+        write_readme_block(f"{args.bench}-table", text)
     result = {"metric": "held-out success of policy-only runs, one knob varied at a time",
               "config": args.config, "rows": rows,
               "seconds": round(time.perf_counter() - started, 1),
               "note": "run alone on the machine (one CPU-heavy process at a time)"}
-    save("sweep", result)
+    save(args.bench, result)
     return result
 
 

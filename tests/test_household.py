@@ -105,3 +105,35 @@ def test_rollout_through_the_registry(tmp_path, cli):
     rows = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
     assert [r["spec"]["goal"]["kind"] for r in rows] == ["cool_and_place"] * 3
     assert Task(**{k: v for k, v in rows[0].items() if k != "lineage"})
+
+
+def test_make_tasks_exclude(tmp_path, cli):
+    """--exclude: a held-out file shares no spec with the pool; it keeps the generator's order
+    (the first tasks of the same seed that are not excluded); too few left: exit 1, nothing
+    written; a bad exclude file is reported at its line."""
+    pool, held = tmp_path / "pool.jsonl", tmp_path / "held.jsonl"
+    r = cli("envs", "make-tasks", "reasoning", "--n", "64", "--seed", "21", "-o", str(pool))
+    assert r.returncode == 0, r.stderr
+    r = cli("envs", "make-tasks", "reasoning", "--n", "32", "--seed", "22", "--split", "eval",
+            "--exclude", str(pool), "-o", str(held))
+    assert r.returncode == 0, r.stderr
+    specs = {json.dumps(json.loads(x)["spec"], sort_keys=True)
+             for x in pool.read_text().splitlines()}
+    rows = [json.loads(x) for x in held.read_text().splitlines()]
+    assert len(rows) == 32 and all(x["split"] == "eval" for x in rows)
+    assert not {json.dumps(x["spec"], sort_keys=True) for x in rows} & specs
+    from rlany.envs.reasoning import make_tasks as sums
+    plain = [to_json(t) for t in sums(200, seed=22, split="eval")]
+    kept = [t for t in plain if json.dumps(t["spec"], sort_keys=True) not in specs][:32]
+    assert rows == kept
+    # only 100 single-digit sums exist, and 2000 draws hold them all: none is left
+    every, out = tmp_path / "every.jsonl", tmp_path / "none.jsonl"
+    assert cli("envs", "make-tasks", "reasoning", "--n", "2000", "-o", str(every)).returncode == 0
+    r = cli("envs", "make-tasks", "reasoning", "--n", "4", "--seed", "3", "--exclude", str(every),
+            "-o", str(out))
+    assert r.returncode == 1 and "generated tasks are not in" in r.stderr and not out.exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(pool.read_text().splitlines()[0] + "\n{not json\n")
+    r = cli("envs", "make-tasks", "reasoning", "--n", "4", "--exclude", str(bad), "-o",
+            str(out))
+    assert r.returncode == 1 and f"{bad}:2:" in r.stderr and not out.exists(), r.stderr

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -243,9 +243,36 @@ def envs_show(name: Annotated[str, typer.Argument(help="Environment name.")]) ->
     print(inspect.getdoc(inspect.getmodule(f)) or inspect.getdoc(f) or name)
 
 
+def _excluding(make, exclude: str, n: int, kwargs: dict) -> tuple[list, Any]:
+    """The first n generated tasks whose spec is not in `exclude`'s tasks. A generator is
+    sequential per seed (its first k tasks do not depend on how many it makes), so drawing
+    more keeps the same prefix: doubled until n remain or 64 x n were drawn."""
+    import json as _json
+
+    from rlany.stageio import read_tasks
+
+    def key(task) -> str:
+        return _json.dumps(task.spec, sort_keys=True)
+
+    excluded, reader = read_tasks(exclude, name=exclude)
+    banned = {key(t) for t in excluded}
+    drawn = n
+    while True:
+        kept = [t for t in make(n=drawn, **kwargs) if key(t) not in banned]
+        if len(kept) >= n or drawn >= 64 * n:
+            break
+        drawn *= 2
+    if len(kept) < n:
+        raise RlanyError(f"only {len(kept)} of {drawn} generated tasks are not in {exclude}",
+                         hint="ask for fewer tasks (--n) or change the knobs")
+    return kept[:n], reader
+
+
 @envs_app.command("make-tasks", epilog=_example(
     "rlany envs make-tasks reasoning --n 32 --seed 0 -o tasks.jsonl",
-    "rlany envs make-tasks reasoning --n 8 --seed 1 --knob digits=2 --split eval -o eval.jsonl"))
+    "rlany envs make-tasks reasoning --n 8 --seed 1 --knob digits=2 --split eval -o eval.jsonl",
+    "rlany envs make-tasks reasoning --n 32 --seed 2 --split eval --exclude tasks.jsonl "
+    "-o heldout.jsonl"))
 def envs_make_tasks(
     name: Annotated[str, typer.Argument(help="Environment name.")],
     output: OutputOpt = "-",
@@ -254,6 +281,10 @@ def envs_make_tasks(
     split: Annotated[str, typer.Option(help="train or eval.")] = "train",
     knob: Annotated[Optional[list[str]], typer.Option(
         help="Environment knob as key=value (repeatable); see `rlany envs show NAME`.")] = None,
+    exclude: Annotated[Optional[str], typer.Option(
+        help="A tasks JSONL: leave out every generated task whose spec equals one there "
+        "(a held-out split that shares no problem with a training pool); the generator "
+        "draws on until --n remain.")] = None,
 ) -> None:
     """Generate a tasks JSONL from an environment's generator (deterministic per seed)."""
     import inspect
@@ -284,10 +315,15 @@ def envs_make_tasks(
         known = [p for p in params if p not in ("n", "seed", "split")]
         raise RlanyError(f"unknown knob(s) {unknown} for '{name}'", hint=f"known: {known}")
     tasks = make(n=n, seed=seed, split=split, **knobs)
+    inputs = []
+    if exclude:
+        tasks, reader = _excluding(make, exclude, n, dict(seed=seed, split=split, **knobs))
+        inputs.append(reader)
     with AtomicJsonl(output) as out:
         out.write_all(tasks)
-    write_meta(output, stage="envs make-tasks", inputs=[], started=started,
-               flags={"env": name, "n": n, "seed": seed, "split": split, **knobs},
+    write_meta(output, stage="envs make-tasks", inputs=inputs, started=started,
+               flags={"env": name, "n": n, "seed": seed, "split": split, **knobs,
+                      **({"exclude": exclude} if exclude else {})},
                counts={"tasks": len(tasks)})
     info(f"envs: {len(tasks)} {name} tasks -> {output}")
 
