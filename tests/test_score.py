@@ -8,6 +8,7 @@ import math
 import pytest
 
 from conftest import make_judgment, make_traj, read_jsonl, write_jsonl
+from rlany.errors import RlanyError
 from rlany.score import ScoreOptions, score_group, score_stream, standardize
 
 
@@ -142,6 +143,37 @@ def test_rm_balance_weighs_good_and_bad_steps_equally():
                        ScoreOptions(rm_balance=True, rm_acc_min=0.0))[0]
     assert same == score_group(group(one_side, [[[1, -1, 1]], [[1, -1, 1]], [[1, 1, 1]]]),
                                ScoreOptions(rm_acc_min=0.0))[0]
+
+
+def test_rm_target_label_trains_the_judge_toward_the_env_labels():
+    """--rm-target label: the consistency reward is L * S with the env's step label L in
+    place of R; the same steps are kept; the policy's side is untouched; a step without a
+    label is an error at its trajectory's line; --rm-balance balances on the label."""
+    trajs = [make_traj("t", i, +1 if i == 0 else -1, n_steps=2) for i in range(4)]
+    for tr in trajs:   # step 0 good in every trajectory, step 1 good only in the success
+        tr.steps[0].info["label"] = 1
+        tr.steps[1].info["label"] = 1 if tr.outcome == 1 else -1
+    scores = [[[1, -1, 1], [-1, 1, 1]]] * 4
+    plain, _ = score_group(group(trajs, scores), ScoreOptions(lam=0))   # R = O
+    oracle, stats = score_group(group(trajs, scores), ScoreOptions(lam=0, rm_target="label"))
+    assert [j.reward for j in oracle[1].steps[0].judge] == [1.0, -1.0, 1.0]   # L = +1
+    assert [j.reward for j in plain[1].steps[0].judge] == [-1.0, 1.0, -1.0]   # R = -1
+    assert [j.reward for j in oracle[1].steps[1].judge] == [1.0, -1.0, -1.0]  # L = -1
+    assert [[s.reward for s in t.steps] for t in oracle] == [
+        [s.reward for s in t.steps] for t in plain]
+    assert [[[j.keep for j in s.judge] for s in t.steps] for t in oracle] == [
+        [[j.keep for j in s.judge] for s in t.steps] for t in plain]
+    assert stats.rm_samples == 24
+    balanced, _ = score_group(group(trajs, scores),
+                              ScoreOptions(lam=0, rm_target="label", rm_balance=True))
+    ratio = [bj.advantage / oj.advantage for bt, ot in zip(balanced, oracle)
+             for bs, os_ in zip(bt.steps, ot.steps) for bj, oj in zip(bs.judge, os_.judge)
+             if oj.advantage]
+    assert ratio == pytest.approx([8 / 10] * 6 + [8 / 10, 8 / 10, 8 / 10, 8 / 6, 8 / 6, 8 / 6] * 3)
+    del trajs[2].steps[1].info["label"]
+    with pytest.raises(RlanyError, match="no env step label") as e:
+        score_group(group(trajs, scores), ScoreOptions(lam=0, rm_target="label"))
+    assert e.value.where == "x:3"
 
 
 def test_standardize():

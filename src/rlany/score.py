@@ -21,6 +21,9 @@ Reward model (consistency feedback):
     `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
     weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
     cheapest way to agree with R is to say -1 more often, whatever the step.
+    `--rm-target label` (a diagnostic, not the paper's method) puts the env's own step label
+    L_it ∈ {-1, +1} (`info["label"]`) in place of R_it: the same steps and samples, trained
+    toward the truth, which bounds what consistency feedback could teach the judge.
 
 Reward model in unit-tests mode (coding; judgments with mode "unit-tests"): the m samples
 are tests T_1..T_m written once for the task, and S_ij = +1 when program i passes T_j.
@@ -85,6 +88,11 @@ class ScoreOptions:
                            "those with R < 0 weigh the same: consistency feedback then cannot "
                            "be met by a bias toward -1 (most steps of a hard task fail) and "
                            "teaches which steps are good.")
+    rm_target: str = opt("outcome", "What a judge verdict must agree with: the step's "
+                         "integrated reward R (outcome, the paper's consistency feedback) or "
+                         "the env's step label (label: an upper-bound diagnostic for envs "
+                         "with step labels, e.g. household; a step without one is an error).",
+                         choices=("outcome", "label"))
 
     def check(self, name) -> None:
         if self.rm_acc_min > self.rm_acc_max:
@@ -165,6 +173,8 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                  f"acc {acc:.2f} outside [{opts.rm_acc_min}, {opts.rm_acc_max}]")
 
     tests = _test_rewards(group, rm_keep, opts)
+    targets = rewards if opts.rm_target == "outcome" or tests is not None else \
+        _labels(group)
     scored: list[Scored] = []
     policy_samples = rm_samples = 0
     for i, (tr, judgment) in enumerate(zip(trajs, judgments)):
@@ -175,7 +185,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
             if tests is not None:
                 judge = tests(i)
             else:
-                judge = _consistency(judgment, t, rewards[i][t], rm_keep, opts)
+                judge = _consistency(judgment, t, targets[i][t], rm_keep, opts)
             rm_samples += sum(s.keep for s in judge)
             steps.append(ScoredStep(
                 step=t, prompt_messages=step.prompt_messages, response=step.response,
@@ -189,7 +199,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                              policy=tr.policy, extra=tr.extra))
 
     if opts.rm_balance and tests is None:
-        scored = _balanced(scored)
+        scored = _balanced(scored, targets)
     stats = TaskStats(
         task_id=trajs[0].task_id, n=n, successes=successes, acc=acc,
         mean_steps=statistics.fmean(len(t.steps) for t in trajs),
@@ -199,15 +209,17 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
     return scored, stats
 
 
-def _balanced(scored: list[Scored]) -> list[Scored]:
+def _balanced(scored: list[Scored], targets: list[list[float]]) -> list[Scored]:
     """--rm-balance: the advantages of a task's kept reward-model samples, scaled per step
-    so the steps with R > 0 and those with R < 0 carry equal total weight (each side
-    k / (2 k_side) for k kept steps; a lone step among many can weigh several times one);
-    a step with R = 0 (an unparseable verdict beside agreeing ones) keeps weight 1, and a
-    task with kept steps on one side only is unchanged. Per task, like the standardization:
-    a task's rollouts are one group."""
-    sides = [step.reward > 0 for tr in scored for step in tr.steps
-             if step.reward != 0 and any(j.keep for j in step.judge)]
+    so the steps whose target (R, or the label under --rm-target label) is > 0 and those
+    where it is < 0 carry equal total weight (each side k / (2 k_side) for k kept steps; a
+    lone step among many can weigh several times one); a step with target 0 (R = 0: an
+    unparseable verdict beside agreeing ones) keeps weight 1, and a task with kept steps on
+    one side only is unchanged. Per task, like the standardization: a task's rollouts are
+    one group."""
+    sides = [target > 0 for tr, row in zip(scored, targets)
+             for step, target in zip(tr.steps, row)
+             if target != 0 and any(j.keep for j in step.judge)]
     k, k_pos = len(sides), sum(sides)
     if k_pos in (0, k):
         return scored
@@ -216,8 +228,25 @@ def _balanced(scored: list[Scored]) -> list[Scored]:
     def sign(r: float) -> int:
         return (r > 0) - (r < 0)
     return [replace(tr, steps=[replace(step, judge=[
-        replace(j, advantage=j.advantage * weight[sign(step.reward)]) for j in step.judge])
-        for step in tr.steps]) for tr in scored]
+        replace(j, advantage=j.advantage * weight[sign(target)]) for j in step.judge])
+        for step, target in zip(tr.steps, row)]) for tr, row in zip(scored, targets)]
+
+
+def _labels(group: list[tuple[str, Trajectory, Judgment | None]]) -> list[list[float]]:
+    """--rm-target label: each step's env label (+1 / -1), checked at its line."""
+    out = []
+    for where, tr, _ in group:
+        row = []
+        for t, step in enumerate(tr.steps):
+            label = step.info.get("label")
+            if label not in (1, -1):
+                raise RlanyError(f"--rm-target label: step {t} of trajectory '{tr.traj_id}' "
+                                 f"has no env step label (info.label is {label!r})",
+                                 where=where, hint="use an env with step labels (household, "
+                                 "alfworld) or --rm-target outcome")
+            row.append(float(label))
+        out.append(row)
+    return out
 
 
 def _mean_score(judgment: Judgment | None, t: int) -> float:
