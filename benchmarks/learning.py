@@ -29,11 +29,11 @@ or overwrites the full benchmark's.
     python benchmarks/learning.py --arms policy-only full --seeds 0 --warm-start
     python benchmarks/learning.py --report-only --readme
 
-With --warm-start every run starts from a warm start (rows "ARM [warm]"): the env's expert
-demonstrations on the config's task pool, in the prompts its rollout gives the policy
-(`rlany rollout --expert`), `rlany sft` on them with the policy's LoRA shape
-(runs/learning/warm-start-sSEED/), and the loop's `init_policy`. Such a row adds the warm
-start's own held-out success (eval_init.json) and RL's gain over it.
+With --warm-start every run starts from a warm start (rows "ARM [warm]"), the loop's
+`warm_start = true`: the env's expert demonstrations on the config's task pool, in the
+prompts its rollout gives the policy (`rlany rollout --expert`), and `rlany sft` on them with
+the policy's LoRA shape (RUN/warm_start/). Such a row adds the warm start's own held-out
+success (eval_init.json) and RL's gain over it.
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
 """
 
@@ -73,39 +73,6 @@ def rlany(*args: str, what: str | None = None) -> None:
     if subprocess.run([sys.executable, "-m", "rlany", *args], env=env).returncode != 0:
         raise SystemExit(f"{what or 'rlany ' + args[0]} failed; rerun the benchmark to "
                          "resume it")
-
-
-def warm_start(config: str, seed: int, runs_dir: str, sets: list[str]) -> str:
-    """The warm arm's adapter: the expert's demonstrations on the config's task pool in the
-    prompts its rollout gives the policy, then `rlany sft` with its policy's LoRA shape.
-    Both steps are skipped when complete (the rollout file resumes by itself)."""
-    from rlany.loop_config import load_config
-    from rlany.options import to_argv
-    from rlany.stageio import read_tasks
-    from rlany.train_stage import SftOptions
-
-    cfg = load_config(config, sets=sets)
-    d = Path(runs_dir) / f"warm-start-s{seed}"
-    demos, adapter = d / "demos.jsonl", d / "sft"
-    pool = len(read_tasks(cfg.tasks)[0])
-    rollout = replace(cfg.options("rollout", input=cfg.tasks, output=str(demos)), expert=True,
-                      n=1, sample_tasks=pool, constrain_actions=False)  # every task, once
-    policy = cfg.options("train_policy", input="-", output="-")
-    sft = SftOptions(input=str(demos), output=str(adapter), model=policy.model, seed=seed,
-                     dtype=policy.dtype, lora_r=policy.lora_r, lora_alpha=policy.lora_alpha,
-                     target_modules=policy.target_modules)
-    commands = [to_argv("rollout", rollout)[1:], to_argv("sft", sft)[1:]]
-    record = d / "commands.json"  # a warm start made for other settings is not reused
-    if record.exists() and json.loads(record.read_text()) != commands:
-        raise SystemExit(f"{record}: this warm start was made with other commands; move "
-                         "it away or use another --runs-dir")
-    d.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(commands, indent=1) + "\n")
-    if not (d / "demos.meta.json").exists():
-        rlany(*commands[0])
-    if not (adapter / "rlany.json").exists():
-        rlany(*commands[1])
-    return str(adapter)
 
 
 def run_loop(config: str, name: str, seed: int, flags: list[str], runs_dir: str,
@@ -154,7 +121,7 @@ def summarize_run(run: Path) -> dict | None:
     base = _eval(run / "eval_base.json")
     if base is None:
         return None
-    init = _eval(run / "eval_init.json")  # the warm start (init_policy), where there is one
+    init = _eval(run / "eval_init.json")  # the warm start, where there is one
     curve = [{"iteration": -1, **base}]
     for it_dir in sorted(run.glob("iter_*")):
         e = _eval(it_dir / "eval.json")
@@ -316,9 +283,9 @@ def main() -> dict:
                         "--set score.rm_balance=true")
     parser.add_argument("--warm-start", action="store_true",
                         help="start every run from a warm start (tag 'warm' unless --tag): "
-                        "the env's expert demonstrations on the task pool (`rlany rollout "
-                        "--expert`), `rlany sft` on them (runs_dir/warm-start-sSEED/), the "
-                        "loop's init_policy; rows add the warm start's held-out success")
+                        "the loop's warm_start = true (the env's expert demonstrations on "
+                        "the task pool, `rlany sft` on them); rows add the warm start's "
+                        "held-out success")
     parser.add_argument("--reduced", action="store_true",
                         help="seed 0, policy-only and full, 2 iterations (~25 min on 2 cores)")
     parser.add_argument("--report-only", action="store_true",
@@ -329,8 +296,9 @@ def main() -> dict:
     sets = list(args.set)
     if args.tag and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
         parser.error(f"--tag {args.tag!r}: letters, digits, '_', '.' and '-' only")
-    if args.warm_start and not args.tag:
-        args.tag = "warm"
+    if args.warm_start:
+        args.tag = args.tag or "warm"
+        sets.append("warm_start=true")
     if args.reduced and args.readme:
         parser.error("--readme writes the full benchmark's table, not the reduced one's")
     if args.reduced:
@@ -350,9 +318,7 @@ def main() -> dict:
         for seed in args.seeds:
             for arm in args.arms:
                 name = f"{arm.strip('+')}{f'-{args.tag}' if args.tag else ''}-s{seed}"
-                extra = [f"init_policy={warm_start(args.config, seed, args.runs_dir, sets)}"
-                         ] if args.warm_start else []
-                run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets + extra)
+                run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
     by_arm = collect(Path(args.runs_dir))  # every evaluated run there, not only these
     if not by_arm:
         raise SystemExit(f"no evaluated runs under {args.runs_dir}")

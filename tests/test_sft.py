@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,3 +143,74 @@ def test_vllm_serves_the_warm_start_adapters_rank(tmp_path, tiny_model, tiny_lor
     config = _config(tmp_path, tiny_model)   # trains rank 4; tiny_lora has rank 8
     assert load_config(config).run["max_lora_rank"] == 4
     assert load_config(config, {"init_policy": tiny_lora}).run["max_lora_rank"] == 8
+
+
+def _warm_config(tmp_path, tiny_model, tasks=LEARN, **extra):
+    lines = ['name = "w"', f'runs_dir = "{tmp_path / "runs"}"', "iterations = 1",
+             f'tasks = "{write_lines(tmp_path / "pool.jsonl", tasks, 6)}"',
+             f'eval_tasks = "{write_lines(tmp_path / "eval.jsonl", LEARN, 2, skip=6)}"',
+             f'model = "{tiny_model}"', 'engine = "fake"', "warm_start = true",
+             "step_feedback = false", "rm_training = false", "env_adaptation = false"]
+    lines += [f"{k} = {v}" for k, v in extra.items()]
+    lines += ["[rollout]", "n = 4", "sample_tasks = 5", "max_steps = 4", "max_tokens = 8",
+              "history_turns = 1", "[train_policy]", "micro_batch = 4", "grad_accum = 1",
+              "lora_r = 4", 'target_modules = "q_proj,v_proj"', "dtype = \"float32\"",
+              "[sft]", "epochs = 1", "micro_batch = 4", "[eval]", "n = 1", "max_steps = 4"]
+    path = tmp_path / "loop.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def write_lines(path, src, n, skip=0):
+    path.write_text("".join(open(src).readlines()[skip:skip + n]))
+    return path
+
+
+def _run_warm(config, **kw):
+    from rlany.engines.fake import FakeEngine
+    from rlany.loop import Loop, load_config
+
+    loop = Loop(load_config(config, kw), config)
+    loop._engine = FakeEngine.from_rules([{"responses": ["1", "2", "3", "4", "5"]}])
+    loop.run()
+    return loop
+
+
+def test_loop_warm_start_makes_its_first_adapter(tmp_path, tiny_model):
+    """warm_start = true: the expert plays every pool task once (whatever [rollout]'s n and
+    sample_tasks), sft trains [train_policy]'s LoRA shape on it, eval_init evaluates it and
+    iteration 0 starts from it; a rerun does nothing; bad combinations fail at the config."""
+    config = _warm_config(tmp_path, tiny_model)
+    loop = _run_warm(config)
+    warm = loop.dir / "warm_start"
+    demos = read_jsonl(warm / "demos.jsonl")
+    assert len(demos) == 6 and all(d["outcome"] == 1 and d["sample"] == 0 for d in demos)
+    assert {d["policy"]["model"] for d in demos} == {"expert"}
+    sft = json.loads((warm / "sft" / "rlany.json").read_text())
+    assert sft["kind"] == "sft" and sft["samples"] == sum(len(d["steps"]) for d in demos)
+    shape = json.loads((warm / "sft" / "adapter_config.json").read_text())
+    assert shape["r"] == 4 and set(shape["target_modules"]) == {"q_proj", "v_proj"}
+    assert json.loads((loop.dir / "eval_init.json").read_text())["policy"]["adapter"] == \
+        str(warm / "sft")
+    it0 = loop.dir / "iter_000"
+    assert read_jsonl(it0 / "trajectories.jsonl")[0]["policy"]["adapter"] == str(warm / "sft")
+    assert json.loads((it0 / "policy" / "rlany.json").read_text())["init_adapter"] == \
+        str(warm / "sft")
+    assert _run_warm(config)._engine.stats.calls == 0   # complete: nothing reruns
+
+    (tmp_path / "x").mkdir()
+    with pytest.raises(RlanyError, match="set one of them"):
+        _run_warm(_warm_config(tmp_path / "x", tiny_model, init_policy=f'"{warm / "sft"}"'))
+    bad = Path(_warm_config(tmp_path / "x", tiny_model))
+    bad.write_text(bad.read_text().replace("[sft]\n", "[sft]\nlora_r = 8\n"))
+    with pytest.raises(RlanyError, match=r"\[sft\] lora_r: .*\[train_policy\]'s shape"):
+        _run_warm(str(bad))
+    assert not (tmp_path / "x" / "runs").exists()   # config errors: nothing written
+    # an env without an expert fails at its line, before the base model is evaluated
+    (tmp_path / "y").mkdir()
+    sums = write_jsonl(tmp_path / "sums.jsonl", [Task(task_id="s", env="reasoning",
+                       spec={"question": "What is 1 + 1?", "answer": "2"}, prompt="")])
+    with pytest.raises(RlanyError, match="has no expert") as e:
+        _run_warm(_warm_config(tmp_path / "y", tiny_model, tasks=sums))
+    assert e.value.where == f"{tmp_path / 'y' / 'pool.jsonl'}:1"
+    assert not (tmp_path / "y" / "runs" / "w" / "eval_base.json").exists()

@@ -101,6 +101,7 @@ _stage("sft", "train_stage", "SftOptions",
        "--max-steps 4 --history-turns 1",
        "rlany sft -i demos.jsonl -o ckpt/sft --model smollm2",
        "rlany loop examples/household/learn.toml --name warm --set init_policy=ckpt/sft",
+       "rlany loop examples/household/learn.toml --name warm2 --set warm_start=true",
        kind="sft")
 _stage("adapt-tasks", "adapt", "AdaptOptions",
        "Adapt the environment: accept rolled-out candidates that proved harder/easier, then "
@@ -126,7 +127,8 @@ _stage("eval", "evaluate", "EvalOptions",
 @app.command("loop", epilog=_example(
     "rlany loop examples/reasoning/loop.toml",
     "rlany loop examples/reasoning/loop.toml --name policy-only --no-rm-training "
-    "--no-env-adaptation --no-step-feedback"))
+    "--no-env-adaptation --no-step-feedback",
+    "rlany loop examples/household/learn.toml --name warm --set warm_start=true"))
 def loop_cmd(
     config: Annotated[str, typer.Argument(help="A TOML run config (see examples/*/loop.toml).")],
     name: Annotated[Optional[str], typer.Option(help="Override the run name.")] = None,

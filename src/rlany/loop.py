@@ -11,6 +11,9 @@ One iteration (runs/NAME/iter_NNN/), a table of stages run in order:
     done.json             the iteration's metrics; runs/NAME/metrics.jsonl is rebuilt from these
 Before iteration 0: runs/NAME/eval_base.json (the base model) and, with `init_policy` (a
 warm-start adapter such as `rlany sft`'s, which iteration 0 starts from), eval_init.json.
+`warm_start = true` makes that adapter first, in runs/NAME/warm_start/: demos.jsonl (`rlany
+rollout --expert`: the env's expert plays every pool task once, in the policy's prompts) and
+sft/ (`rlany sft` on them, `[sft]` settings, `[train_policy]`'s LoRA shape).
 
 The config is flat: top-level keys (the run: name, tasks, model, engine, seed, ...) and one
 table per stage whose keys are that stage's flags, e.g. `[rollout] max_tokens = 96` is
@@ -60,6 +63,8 @@ class Stage:
     io: Callable[[Loop, Path, int], dict]  # the paths and adapters the loop sets
     enabled: Callable[[LoopConfig], bool] = lambda cfg: True
     engine: bool = True  # needs the generation engine
+    # values that win over the config's table (the table's own values win over `io`)
+    forced: Callable[[Loop], dict] = lambda lp: {}
 
 
 def _judged(cfg: LoopConfig) -> bool:
@@ -103,6 +108,22 @@ STAGES = (
         decisions=f"{d}/decisions.jsonl", iteration=it),
         enabled=lambda cfg: cfg.env_adaptation),
 )
+def _warm_shape(lp: Loop) -> dict:
+    from rlany.loop_config import WARM_SHAPE
+
+    policy = lp.cfg.options("train_policy", input="-", output="-")
+    return {k: getattr(policy, k) for k in WARM_SHAPE}
+
+
+WARM_START = (  # runs/NAME/warm_start/, before the base evaluation
+    Stage("rollout", _meta, lambda lp, d, it: dict(
+        input=lp.cfg.tasks, output=f"{d}/demos.jsonl", adapter=None, iteration=0),
+        engine=False,  # every pool task once, by the env's expert (no model)
+        forced=lambda lp: dict(expert=True, n=1, sample_tasks=None, constrain_actions=False)),
+    Stage("sft", _ckpt, lambda lp, d, it: dict(
+        input=f"{d}/demos.jsonl", output=f"{d}/sft", adapter=None), engine=False,
+        forced=_warm_shape),
+)
 EVAL = Stage("eval", _meta, lambda lp, d, it: dict(
     input=lp.cfg.eval_tasks, output=f"{d}/eval.json", adapter=lp.latest("policy", it + 1),
     judge_adapter=lp.latest("rm", it + 1)))
@@ -130,12 +151,17 @@ class Loop:
 
     def run(self) -> None:
         self._init_run_dir()  # init_policy was checked with the config
+        if self.cfg.warm_start:  # first: an env without an expert fails before anything
+            warm = self.dir / "warm_start"
+            warm.mkdir(exist_ok=True)
+            for stage in WARM_START:
+                self.stage(stage, warm, 0)
         if self.cfg.eval_tasks:
             self.stage(EVAL, self.dir, -1, output=str(self.dir / "eval_base.json"),
                        adapter=None, judge_adapter=None)
-            if self.cfg.init_policy:  # the warm start before any RL
+            if self.init_policy:  # the warm start before any RL
                 self.stage(EVAL, self.dir, -1, output=str(self.dir / "eval_init.json"),
-                           adapter=self.cfg.init_policy, judge_adapter=None)
+                           adapter=self.init_policy, judge_adapter=None)
         for it in range(self.cfg.iterations):
             self.iteration(it)
         self._write_metrics()
@@ -184,6 +210,7 @@ class Loop:
 
         command, _, module = _tables()[stage.table]
         opts = self.cfg.options(stage.table, **{**stage.io(self, d, it), **io})
+        opts = dataclasses.replace(opts, **stage.forced(self))
         skipped = d / f"{stage.table}.skipped.json"
         if stage.done(opts).exists() or skipped.exists():
             info(f"loop: skip {command}: {opts.output} is complete")
@@ -191,7 +218,7 @@ class Loop:
         info("loop: $ " + shlex.join(to_argv(command, opts)))
         run = importlib.import_module(f"rlany.{module}").run
         kw: dict[str, Any] = {"engine": self.engine()} if stage.engine else {}
-        if stage.table.startswith("train_"):
+        if stage.table in ("train_policy", "train_rm", "sft"):
             # one model in memory: the trainer borrows the engine's network where it can
             kw.update(kind=stage.table.removeprefix("train_"), engine=self._engine)
         try:
@@ -247,7 +274,14 @@ class Loop:
                 raise RlanyError(f"the {kind} checkpoint this iteration needs was pruned",
                                  where=str(ckpt), hint="rerun from a later iteration or "
                                  "raise keep_last")
-        return self.cfg.init_policy if kind == "policy" else None
+        return self.init_policy if kind == "policy" else None
+
+    @property
+    def init_policy(self) -> str | None:
+        """The adapter iteration 0 starts from: init_policy, warm_start's sft, or None."""
+        if self.cfg.warm_start:
+            return str(self.dir / "warm_start" / "sft")
+        return self.cfg.init_policy
 
     def _finish_iteration(self, d: Path, it: int) -> None:
         from rlany.jsonl import write_text_atomic

@@ -21,7 +21,7 @@ def _tables() -> dict[str, tuple[str, type, str]]:
     from rlany.judge import JudgeOptions
     from rlany.rollout import RolloutOptions
     from rlany.score import ScoreOptions
-    from rlany.train_stage import TrainOptions, TrainRmOptions
+    from rlany.train_stage import SftOptions, TrainOptions, TrainRmOptions
 
     return {"rollout": ("rollout", RolloutOptions, "rollout"),
             "judge": ("judge", JudgeOptions, "judge"),
@@ -29,7 +29,8 @@ def _tables() -> dict[str, tuple[str, type, str]]:
             "train_policy": ("train-policy", TrainOptions, "train_stage"),
             "train_rm": ("train-rm", TrainRmOptions, "train_stage"),
             "adapt_tasks": ("adapt-tasks", AdaptOptions, "adapt"),
-            "eval": ("eval", EvalOptions, "evaluate")}
+            "eval": ("eval", EvalOptions, "evaluate"),
+            "sft": ("sft", SftOptions, "train_stage")}  # the warm start (warm_start = true)
 
 
 def _run_keys() -> dict[str, Any]:
@@ -54,6 +55,7 @@ class LoopConfig:
     keep_last: int = 2
     eval_every: int = 1
     init_policy: str | None = None  # a LoRA adapter (e.g. `rlany sft`'s) iteration 0 starts from
+    warm_start: bool = False  # make one first: the env's expert on the pool, then sft
     step_feedback: bool = True
     rm_training: bool = True
     env_adaptation: bool = True
@@ -125,6 +127,8 @@ def load_config(path: str, overrides: dict[str, Any] | None = None,
     cfg = LoopConfig(**top, run=run, tables=sections, path=path)
     if cfg.init_policy:
         _check_init_policy(cfg)
+    if cfg.warm_start:
+        _check_warm_start(cfg)
     _resolve(cfg, overrides)
     for table in tables:  # every stage's options, checked before anything runs
         cfg.options(table, **_placeholders(tables[table][1]))
@@ -150,6 +154,24 @@ def _check_init_policy(cfg: LoopConfig) -> None:
     if cfg.tables.get("train_policy", {}).get("full"):
         raise RlanyError("init_policy is a LoRA adapter; [train_policy] full = true cannot "
                          "continue it", where=cfg.path)
+
+
+# the warm start's LoRA is the one train-policy continues: its shape is [train_policy]'s
+WARM_SHAPE = ("lora_r", "lora_alpha", "target_modules", "dtype")
+
+
+def _check_warm_start(cfg: LoopConfig) -> None:
+    if cfg.init_policy:
+        raise RlanyError("warm_start = true makes the first policy adapter; init_policy gives "
+                         "one: set one of them", where=cfg.path)
+    if cfg.tables.get("train_policy", {}).get("full"):
+        raise RlanyError("warm_start makes a LoRA adapter; [train_policy] full = true cannot "
+                         "continue it", where=cfg.path)
+    shaped = [k for k in (*WARM_SHAPE, "full", "adapter") if k in cfg.tables.get("sft", {})]
+    if shaped:
+        raise RlanyError(f"[sft] {', '.join(shaped)}: the warm start's LoRA is the one "
+                         "train-policy continues, so it takes [train_policy]'s shape",
+                         where=cfg.path, hint="set them in [train_policy]")
 
 
 def _apply_set(raw: dict[str, Any], item: str) -> None:
