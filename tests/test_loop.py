@@ -270,7 +270,7 @@ def test_report_writes_plots_and_tables(tmp_path, cli):
                                                     "success_ci95": [0.3, 0.46]}))
     assert cli("report", str(run)).returncode == 0
     md = (run / "report" / "report.md").read_text()   # RL's own part: none here
-    assert "From the warm start (init_policy), RL's own part: 0.375" in md
+    assert "From the warm start (eval_init.json), RL's own part: 0.375" in md
     assert "gain +0.000, 95% interval" in md and "within noise" in md
 
 

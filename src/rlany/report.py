@@ -50,7 +50,7 @@ def gain_line(run: dict) -> str | None:
             f"iteration {run['final_iteration']}.")
     init = run.get("init")
     if init and init.get("trajectories"):
-        line += (" From the warm start (init_policy), RL's own part: "
+        line += (" From the warm start (eval_init.json), RL's own part: "
                  f"{_gain(init, final, 'the warm start')}.")
     return line
 
