@@ -11,7 +11,8 @@ export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool test test-slow demo bench bench-all bench-learning \
-	bench-learning-reduced bench-learning-warm bench-sweep lint golden clean
+	bench-learning-reduced bench-learning-warm bench-learning-reasoning bench-sweep \
+	bench-sweep-reasoning lint golden clean
 
 install: $(VENV)/.installed-cpu
 
@@ -84,11 +85,26 @@ bench-learning-reduced: install
 bench-learning-warm: install
 	$(PY) benchmarks/learning.py --warm-start --seeds 0 1 2 --readme
 
+# the second env: policy-only (3 seeds) and the full loop (seed 0) on single-digit sums
+# (examples/reasoning/learn.toml, ~7 min a policy-only run here): learning-reasoning.*
+bench-learning-reasoning: install
+	$(PY) benchmarks/learning.py --config examples/reasoning/learn.toml \
+		--bench learning-reasoning --arms policy-only --seeds 0 1 2
+	$(PY) benchmarks/learning.py --config examples/reasoning/learn.toml \
+		--bench learning-reasoning --arms full --seeds 0 --readme
+
 # Defaults from evidence: policy-only runs of learn.toml, one knob varied at a time
-# (~10-15 min a run here; resumable). The README's sweep table comes from it.
+# (~10-15 min a run here; resumable). The README's sweep table comes from it; the sums'
+# sweep (bench-sweep-reasoning) borrows its default runs from bench-learning-reasoning.
 bench-sweep: install
 	$(PY) benchmarks/sweep.py --vary rollout.n=4 --vary train_policy.target_modules=all-linear \
-		--readme
+		--vary rollout.temperature=0.7 --vary train_policy.epochs=2 \
+		--vary rollout.sample_tasks=8,32 --vary train_policy.lora_r=32 --readme
+
+bench-sweep-reasoning: install
+	$(PY) benchmarks/sweep.py --config examples/reasoning/learn.toml --bench sweep-reasoning \
+		--default-from runs/learning-reasoning --vary train_policy.lr=1e-4,1e-3 \
+		--vary rollout.n=4 --readme
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

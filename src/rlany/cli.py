@@ -316,11 +316,12 @@ def envs_make_tasks(
     if unknown:
         known = [p for p in params if p not in ("n", "seed", "split")]
         raise RlanyError(f"unknown knob(s) {unknown} for '{name}'", hint=f"known: {known}")
-    tasks = make(n=n, seed=seed, split=split, **knobs)
     inputs = []
     if exclude:
         tasks, reader = _excluding(make, exclude, n, dict(seed=seed, split=split, **knobs))
         inputs.append(reader)
+    else:
+        tasks = make(n=n, seed=seed, split=split, **knobs)
     with AtomicJsonl(output) as out:
         out.write_all(tasks)
     write_meta(output, stage="envs make-tasks", inputs=inputs, started=started,

@@ -108,6 +108,8 @@ STAGES = (
         decisions=f"{d}/decisions.jsonl", iteration=it),
         enabled=lambda cfg: cfg.env_adaptation),
 )
+
+
 def _warm_shape(lp: Loop) -> dict:
     from rlany.loop_config import WARM_SHAPE
 
