@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import time
 from importlib import metadata
 from pathlib import Path
@@ -32,6 +33,12 @@ def save(name: str, result: dict) -> Path:
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **result}, indent=2)
                     + "\n")
     return path
+
+
+def check_name(parser, flag: str, value: str) -> None:
+    """A run or results name (--tag, --bench): it becomes a file and directory name."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+        parser.error(f"{flag} {value!r}: letters, digits, '_', '.' and '-' only")
 
 
 def write_readme_block(block: str, text: str, readme: Path = Path("README.md")) -> None:

@@ -51,7 +51,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, save, write_readme_block  # noqa: E402
+from common import RESULTS, check_name, save, write_readme_block  # noqa: E402
 
 from rlany.evaluate import gain_interval, wilson_interval  # noqa: E402
 
@@ -294,8 +294,8 @@ def main() -> dict:
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
     sets = list(args.set)
-    if args.tag and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
-        parser.error(f"--tag {args.tag!r}: letters, digits, '_', '.' and '-' only")
+    if args.tag:
+        check_name(parser, "--tag", args.tag)
     if args.warm_start:
         args.tag = args.tag or "warm"
         sets.append("warm_start=true")
@@ -305,8 +305,7 @@ def main() -> dict:
         args.seeds, args.arms = [0], ["policy-only", "full"]
         sets += ["iterations=2", "eval_every=2"]
     bench = args.bench or ("learning-reduced" if args.reduced else "learning")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", bench):
-        parser.error(f"--bench {bench!r}: letters, digits, '_', '.' and '-' only")
+    check_name(parser, "--bench", bench)
     if args.bench is None and args.config != parser.get_default("config"):
         parser.error("another --config needs its own --bench (its results would replace "
                      "the household benchmark's)")

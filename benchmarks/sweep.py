@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, save, write_readme_block  # noqa: E402
+from common import RESULTS, check_name, save, write_readme_block  # noqa: E402
 from learning import ARMS, run_loop, summarize_run  # noqa: E402
 
 from rlany.evaluate import gain_interval  # noqa: E402
@@ -152,8 +152,7 @@ def main() -> dict:
                         help="run nothing: summarize the runs under --runs-dir")
     parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args()
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.bench):
-        parser.error(f"--bench {args.bench!r}: letters, digits, '_', '.' and '-' only")
+    check_name(parser, "--bench", args.bench)
     if args.bench == "sweep" and args.config != parser.get_default("config"):
         parser.error("another --config needs its own --bench (its results would replace "
                      "the household sweep's)")

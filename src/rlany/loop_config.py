@@ -129,6 +129,10 @@ def load_config(path: str, overrides: dict[str, Any] | None = None,
         _check_init_policy(cfg)
     if cfg.warm_start:
         _check_warm_start(cfg)
+    if cfg.tables.get("train_policy", {}).get("full") and (cfg.init_policy or cfg.warm_start):
+        raise RlanyError(f"{'init_policy is' if cfg.init_policy else 'warm_start makes'} a LoRA "
+                         "adapter; [train_policy] full = true cannot continue it",
+                         where=cfg.path)
     _resolve(cfg, overrides)
     for table in tables:  # every stage's options, checked before anything runs
         cfg.options(table, **_placeholders(tables[table][1]))
@@ -151,9 +155,6 @@ def _check_init_policy(cfg: LoopConfig) -> None:
         raise RlanyError(f"init_policy {cfg.init_policy!r} is not a LoRA adapter directory "
                          "(no adapter_config.json)", where=cfg.path,
                          hint="e.g. the output of `rlany sft`")
-    if cfg.tables.get("train_policy", {}).get("full"):
-        raise RlanyError("init_policy is a LoRA adapter; [train_policy] full = true cannot "
-                         "continue it", where=cfg.path)
 
 
 # the warm start's LoRA is the one train-policy continues: its shape is [train_policy]'s
@@ -164,9 +165,6 @@ def _check_warm_start(cfg: LoopConfig) -> None:
     if cfg.init_policy:
         raise RlanyError("warm_start = true makes the first policy adapter; init_policy gives "
                          "one: set one of them", where=cfg.path)
-    if cfg.tables.get("train_policy", {}).get("full"):
-        raise RlanyError("warm_start makes a LoRA adapter; [train_policy] full = true cannot "
-                         "continue it", where=cfg.path)
     shaped = [k for k in (*WARM_SHAPE, "full", "adapter") if k in cfg.tables.get("sft", {})]
     if shaped:
         raise RlanyError(f"[sft] {', '.join(shaped)}: the warm start's LoRA is the one "
