@@ -154,6 +154,9 @@ class ScoredStep:
     logprobs: list[float] | None = _optional()  # the engine's log-probs of token_ids, if exact
     judge_messages: list[Message] | None = None
     judge: list[ScoredJudgeSample] = field(default_factory=list)
+    # what the judge's verdict on this step must agree with (R_it, or the env label under
+    # `score --rm-target label`); None where the step gives no reward-model data
+    rm_target: float | None = _optional()
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,9 @@ Reward model (consistency feedback):
     a_itj = standardized r within the m samples of step (i, t)
     A step whose m verdicts all agree teaches nothing and is not kept; only tasks with
     rm_acc_min <= acc(q) <= rm_acc_max (0.2, 0.8) give reward-model data.
+    Every judged step of such a task also carries `rm_target` = R_it: what `train-rm
+    --objective expected | logloss` (rlany.verdict) trains the verdict toward exactly,
+    one sample per step, agreeing verdicts or not.
     `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
     weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
     cheapest way to agree with R is to say -1 more often, whatever the step.
@@ -187,13 +190,16 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
             else:
                 judge = _consistency(judgment, t, targets[i][t], rm_keep, opts)
             rm_samples += sum(s.keep for s in judge)
+            judged = (tests is None and rm_keep and judgment is not None
+                      and judgment.skipped is None and t < len(judgment.steps))
             steps.append(ScoredStep(
                 step=t, prompt_messages=step.prompt_messages, response=step.response,
                 step_score=step_scores[i][t], reward=rewards[i][t], advantage=advantages[i][t],
                 keep=keep, judge=judge, truncated=bool(step.info.get("truncated", False)),
                 token_ids=step.token_ids, logprobs=step.logprobs,
                 judge_messages=judgment.steps[t].judge_messages
-                if judgment and judgment.steps else None))
+                if judgment and judgment.steps else None,
+                rm_target=targets[i][t] if judged else None))
         scored.append(Scored(traj_id=tr.traj_id, task_id=tr.task_id, iteration=tr.iteration,
                              sample=tr.sample, outcome=tr.outcome, task_acc=acc, steps=steps,
                              policy=tr.policy, extra=tr.extra))

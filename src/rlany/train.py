@@ -51,6 +51,8 @@ from rlany.records import Scored, Trajectory
 from rlany.train_stage import TrainFields, TrainOptions  # noqa: E402
 
 OLD_LOGPROBS = ("auto", "recompute", "generation")
+VERDICT_OBJECTIVES = ("expected", "logloss")  # rlany.verdict
+OBJECTIVES = ("ppo", "nll", *VERDICT_OBJECTIVES)
 
 
 @dataclass
@@ -60,6 +62,10 @@ class Sample:
     advantage: float
     old_logprobs: list[float] | None = None  # the engine's log-prob of each response id
     from_ids: bool = False  # the response is the sampled ids (not a re-tokenized text)
+    # verdict objectives (`rlany.verdict`): no response; the prompt ends at the branch
+    target: float | None = None  # R_it, what the verdict must agree with
+    choice_ids: list[int] | None = None  # the choices' branch tokens
+    choice_values: list[float] | None = None  # their verdict scores
 
     @property
     def length(self) -> int:
@@ -256,20 +262,23 @@ def load_model(base: str, adapter: str | None, opts: TrainFields):
 def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Path,
           meta: dict, log: Callable[[dict], None], objective: str = "ppo") -> dict:
     """Run the update and write the checkpoint to `output`. Returns summary metrics.
-    `objective`: "ppo" (clip against the pre-update log-probs) or "nll" (supervised: the
-    token mean negative log-likelihood of each response, weighted by its advantage)."""
+    `objective`: "ppo" (clip against the pre-update log-probs), "nll" (supervised: the
+    token mean negative log-likelihood of each response, weighted by its advantage), or a
+    verdict objective, "expected" / "logloss" (`rlany.verdict`: the choice distribution at
+    the prompt's end against each sample's target, weighted by its advantage)."""
     import torch
     from accelerate import Accelerator
 
     from rlany import train_state as state
     from rlany.compat import accepts_logits_to_keep
+    from rlany.verdict import choice_logprobs
 
     started = time.perf_counter()
     acc = Accelerator()
     torch.manual_seed(opts.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = plan_steps(samples, opts, acc.num_processes)
-    if objective not in ("ppo", "nll"):
+    if objective not in OBJECTIVES:
         raise RlanyError(f"unknown training objective {objective!r}")
     source = (old_logprobs_source(samples, getattr(opts, "old_logprobs", "auto"))
               if objective == "ppo" else None)
@@ -281,6 +290,9 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     keep = accepts_logits_to_keep(model)
 
     def forward(batch: list[Sample]):
+        if objective in VERDICT_OBJECTIVES:  # log q(choice | prompt), (B, C)
+            return choice_logprobs(model, [s.prompt_ids for s in batch],
+                                   batch[0].choice_ids, pad, acc.device)
         return response_logprobs(model, collate(batch, pad), acc.device, keep)
 
     partial = output.with_name(output.name + ".partial")
@@ -416,6 +428,7 @@ def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: l
     import torch
 
     from rlany.losses import nll_loss
+    from rlany.verdict import verdict_loss
 
     world = acc.num_processes
     batches = micro_batches(group, samples, acc.process_index, world, opts.micro_batch)
@@ -425,7 +438,19 @@ def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: l
         last = k == len(batches) - 1
         acc.sync_gradients = last  # DeepSpeed steps its engine at the boundary only
         with nullcontext() if last else acc.no_sync(model):
-            logp, resp, adv = forward([samples[shortest if i is None else i] for i in idx])
+            batch = [samples[shortest if i is None else i] for i in idx]
+            if objective in ("expected", "logloss"):
+                real = torch.tensor([float(i is not None) for i in idx])
+                parts = verdict_loss(
+                    forward(batch), torch.tensor(batch[0].choice_values),
+                    torch.tensor([s.target for s in batch]),
+                    torch.tensor([s.advantage for s in batch]) * real,
+                    objective=objective, normalizer=len(group) / world)
+                acc.backward(parts.loss)
+                sums += torch.tensor([parts.objective, parts.pg, parts.kl, parts.clipped,
+                                      parts.tokens], dtype=torch.float64)
+                continue
+            logp, resp, adv = forward(batch)
             real = torch.tensor([i is not None for i in idx], device=resp.device)
             resp = resp & real[:, None]  # (B, T-1): padding rows have no response token
             if objective == "nll":

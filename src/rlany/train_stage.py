@@ -85,6 +85,16 @@ class TrainRmOptions(TrainOptions):
                     "fine-tuning wants ~1e-6).", min=0, min_exclusive=True)
     max_len: int = opt(1536, "Longest judge prompt+output in tokens; longer samples are "
                        "dropped whole (judge prompts are longer than the policy's).", min=2)
+    objective: str = opt("pg", "pg: PPO on each kept sampled judge output, weighted by its "
+                         "consistency advantage (the reference implementation's estimator). "
+                         "expected / logloss (a judge run with --max-tokens 0): every step "
+                         "with reward-model data once, the verdict's exact expected "
+                         "consistency reward R*E[v] / the log-likelihood of the verdict that "
+                         "agrees with R, on the verdict token alone (stages/train-rm/README.md).",
+                         choices=("pg", "expected", "logloss"))
+    balance: bool = opt(True, "expected / logloss: weigh the steps with R > 0 and those with "
+                        "R < 0 equally in total, so a bias toward the common verdict cannot "
+                        "meet the objective.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,10 +146,19 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
     if opts.adapter and not opts.full:
         check_adapter(opts.adapter)
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
+    verdicts = kind == "rm" and opts.objective != "pg"
     if kind == "sft":
         records, label, hint = (Trajectory, "trajectories"), "sft", (
             "no trajectory succeeded" if not opts.all_outcomes else "no steps")
         extract: Callable = lambda recs: sft_samples(recs, opts.all_outcomes)  # noqa: E731
+    elif verdicts:
+        from rlany.prompts import VERDICT_CHOICES
+        from rlany.verdict import verdict_samples
+        records, label = (Scored, "scored"), f"train-rm ({opts.objective})"
+        hint = ("no step has an rm_target: the tasks' accuracy was outside score's "
+                "--rm-acc-min/--rm-acc-max, the judgments were skipped, or scored.jsonl "
+                "comes from before rm_target (score it again)")
+        extract = lambda recs: verdict_samples(recs, VERDICT_CHOICES)  # noqa: E731
     else:
         records, label = (Scored, "scored"), f"train-{kind}"
         hint = "every step had zero advantage or keep=false; see task_stats"
@@ -150,7 +169,7 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
             kept += 1
             if not sample.messages:
                 raise RlanyError("a kept sample has no prompt messages", where=where)
-            if sample.token_ids:
+            if getattr(sample, "token_ids", None):
                 lo, hi = min(sample.token_ids), max(sample.token_ids)
                 low = (lo, where) if low is None or lo < low[0] else low
                 high = (hi, where) if high is None or hi > high[0] else high
@@ -171,7 +190,12 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
     with lock, (borrowed_model(engine, opts.adapter, opts) if shared else
                 nullcontext(load_model(base, opts.adapter, opts))) as (net, tokenizer):
         reader = JsonlReader(path, *records, name=opts.input)
-        samples, dropped = tokenize(tokenizer, extract(s for _, s in reader), opts.max_len)
+        if verdicts:
+            from rlany.verdict import tokenize_verdicts
+            samples, dropped = tokenize_verdicts(tokenizer, extract(s for _, s in reader),
+                                                 opts.max_len, opts.balance)
+        else:
+            samples, dropped = tokenize(tokenizer, extract(s for _, s in reader), opts.max_len)
         if not samples:
             raise RlanyError(f"no training samples: all {dropped} longer than --max-len "
                              f"{opts.max_len}", where=opts.input)
@@ -183,7 +207,7 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
             write_text_atomic(metrics_path, "\n".join(lines) + "\n")
             if "loss" in record:
                 ppo = (f" kl {record['kl']:.4f} clip {record['clip_frac']:.3f}"
-                       if kind != "sft" else "")
+                       if kind != "sft" and not verdicts else "")
                 say(f"{label} step {record['step']}/{record['of']}: loss "
                     f"{record['loss']:+.4f}{ppo} grad {record['grad_norm']:.3f} "
                     f"{record['tokens_per_s']:.0f} tok/s")
@@ -198,7 +222,8 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
             f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}, "
             f"{opts.dtype}{where}")
         summary = train(samples, net, tokenizer, opts, out, meta, log,
-                        objective="nll" if kind == "sft" else "ppo")
+                        objective="nll" if kind == "sft" else
+                        opts.objective if verdicts else "ppo")
     say(f"{label}: {summary['steps']} optimizer steps -> {opts.output} "
         f"({time.time() - started:.1f}s)")
     return summary

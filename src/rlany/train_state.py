@@ -58,7 +58,10 @@ def plan_key(samples: list, steps: list[list[int]]) -> str:
     weight, and which samples make each optimizer step."""
     h = hashlib.sha256()
     for s in samples:
-        h.update(json.dumps([s.prompt_ids, s.response_ids, s.advantage]).encode())
+        key = [s.prompt_ids, s.response_ids, s.advantage]
+        if getattr(s, "target", None) is not None:  # a verdict sample's target
+            key.append(s.target)
+        h.update(json.dumps(key).encode())
     h.update(json.dumps(steps).encode())
     return h.hexdigest()
 

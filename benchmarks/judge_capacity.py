@@ -1,0 +1,404 @@
+"""Can a 135M judge learn the household step labels at all? (issue: "The judge learns").
+
+The gate separates "a 135M judge cannot learn this" from "it is not being taught":
+
+1. Data, no model: episodes on the pool tasks (train) and the held-out tasks (test) of
+   `examples/household/learn.toml`, played by a mix of the env's expert and a uniform
+   random admissible action (p_expert per episode in {0, .25, .5, .75, 1}), in exactly the
+   policy's prompts (`rlany.rollout`'s episode code, learn.toml's rollout flags) and then the
+   judge's prompts (`rlany.judge.step_prompts`, learn.toml's judge flags: history 1, obs
+   lines 1). Each step carries the env's label (+1 iff it shortens the shortest plan).
+2. One forward pass of SmolLM2-135M over every prompt (+ the forced `\\boxed{` prefix) keeps
+   (a) the last position's hidden state at every layer, for linear probes, and (b) the whole
+   sequence's hidden state entering layer L-K, so the top K layers can be fine-tuned for
+   many epochs at a fraction of the cost: a copy of the model with only those K layers run
+   on the cached states (`inputs_embeds`) gives the same logits as the whole model
+   (checked at start). It is a lower bound on what the whole judge can learn.
+3. Supervised, class-balanced training of the verdict (`rlany.verdict`'s logloss, the one
+   branch token, LoRA r16 on the top K layers' linear modules) on N train steps for
+   N in --grid and lr in --lrs; held-out balanced accuracy of the greedy verdict
+   (q(+1) > 0.5) and of a verdict sampled at T = 0.8 (exact expectation, no draw).
+4. The same on the consistency target instead of the label (`--targets outcome`): R = O,
+   the trajectory's outcome (the paper's target with lambda = 0), the signal a judge gets in
+   the loop without labels; objectives logloss and expected.
+
+Runs alone (CPU heavy): `python benchmarks/judge_capacity.py` (make bench-judge-capacity);
+writes benchmarks/results/judge_capacity.json after every cell (rerun to resume; cached data
+under runs/judge-capacity/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import machine  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "judge_capacity.json"
+WORK = ROOT / "runs" / "judge-capacity"
+POOL = ROOT / "examples" / "household" / "learn_tasks.jsonl"
+HELD_OUT = ROOT / "examples" / "household" / "learn_eval.jsonl"
+P_EXPERT = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+# -- 1. data ---------------------------------------------------------------------------
+
+def episodes(tasks_path: Path, per_task: int, seed: int) -> list:
+    """Trajectories of a seeded expert/random mix, in the policy's prompts."""
+    from rlany.engines import Completion
+    from rlany.envs import make_env
+    from rlany.rollout import (
+        RolloutOptions,
+        _advance,
+        _choices,
+        _start,
+        _trajectory,
+        _window,
+    )
+    from rlany.stageio import read_tasks
+
+    opts = RolloutOptions(n=per_task, max_steps=4, history_turns=1, constrain_actions=True)
+    rng = random.Random(seed)
+    out = []
+    for task in read_tasks(tasks_path)[0]:
+        for k in range(per_task):
+            p = P_EXPERT[k % len(P_EXPERT)]
+            e = _start(task, k, make_env)
+            while e.finish is None and len(e.steps) < opts.max_steps:
+                actions = _choices(e)
+                expert = e.env.expert_action()
+                text = expert if expert and rng.random() < p else rng.choice(actions)
+                _advance(e, _window(e.messages, 1), Completion(text=text, token_ids=[],
+                                                               finish_reason="stop"), False)
+            if e.finish is None:
+                e.finish = "max_steps"
+            out.append(_trajectory(e, opts, {"p_expert": p}))
+    return out
+
+
+def judged_steps(trajectories: list) -> list[dict]:
+    """{messages, label, outcome, task} per step, the judge prompt as learn.toml builds it."""
+    from rlany.judge import step_prompts
+
+    rows = []
+    for tr in trajectories:
+        for step, messages in zip(tr.steps, step_prompts(tr, 1, 1)):
+            rows.append({"messages": messages, "label": int(step.info["label"]),
+                         "outcome": tr.outcome, "task": tr.task_id})
+    return rows
+
+
+# -- 2. one forward pass: probes' features and the top-K cache ---------------------------
+
+def load(model_path: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    return model, tok
+
+
+def encode(tok, rows: list[dict]) -> tuple[list[list[int]], object]:
+    from rlany.chat import render
+    from rlany.prompts import VERDICT_CHOICES, parse_verdict
+    from rlany.verdict import branch
+
+    at = branch(tok, VERDICT_CHOICES, tuple(parse_verdict(c) for c in VERDICT_CHOICES))
+    return [render(tok, r["messages"]) + at.prefix for r in rows], at
+
+
+def features(model, prompts: list[list[int]], k: int, say) -> tuple[list, list]:
+    """(last-position hidden state at every layer (L+1, D) per prompt, the sequence's
+    hidden state entering layer L-K (T, D) per prompt)."""
+    import torch
+
+    layers = model.config.num_hidden_layers
+    last, cache = [], []
+    t0 = time.time()
+    with torch.no_grad():
+        for n, ids in enumerate(prompts):
+            out = model(input_ids=torch.tensor([ids]), output_hidden_states=True,
+                        logits_to_keep=1)
+            hs = out.hidden_states
+            last.append(torch.stack([h[0, -1] for h in hs]))  # (L+1, D)
+            cache.append(hs[layers - k][0].clone())  # (T, D)
+            if n % 200 == 199:
+                say(f"  forward {n + 1}/{len(prompts)} ({time.time() - t0:.0f}s)")
+    return last, cache
+
+
+def top_model(model, k: int):
+    """A copy of the model's top k layers, final norm and head: run on the hidden state
+    entering layer L-k (`inputs_embeds`), it computes the whole model's logits."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    layers = config.num_hidden_layers
+    config.num_hidden_layers = k
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[layers - k:]
+    from transformers import AutoModelForCausalLM
+
+    top = AutoModelForCausalLM.from_config(config).float().eval()
+    state = {}
+    for name, value in model.state_dict().items():
+        if ".layers." in name:
+            idx = int(name.split(".layers.")[1].split(".")[0])
+            if idx < layers - k:
+                continue
+            name = name.replace(f".layers.{idx}.", f".layers.{idx - (layers - k)}.")
+        state[name] = value
+    top.load_state_dict(state, strict=True)
+    return top
+
+
+def top_logq(top, cache: list, idx: list[int], tokens: list[int]):
+    """log q(choice) from cached states of samples idx (left-padded): (B, C)."""
+    import torch
+
+    width = max(cache[i].shape[0] for i in idx)
+    dim = cache[idx[0]].shape[1]
+    embeds = torch.zeros(len(idx), width, dim)
+    mask = torch.zeros(len(idx), width, dtype=torch.long)
+    for row, i in enumerate(idx):
+        n = cache[i].shape[0]
+        embeds[row, width - n:] = cache[i]
+        mask[row, width - n:] = 1
+    logits = top(inputs_embeds=embeds, attention_mask=mask,
+                 position_ids=(mask.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1).logits
+    return torch.log_softmax(logits[:, -1].float()[:, tokens], -1)
+
+
+# -- 3. training and evaluation ------------------------------------------------------------
+
+def balanced_accuracy(labels: list[int], p_pos: list[float], temperature: float | None
+                      ) -> float:
+    """Mean over the two classes of the verdict's accuracy: greedy (None) or the exact
+    expectation of a verdict sampled at `temperature` from q."""
+    def correct(label: int, p: float) -> float:
+        if temperature is None:
+            return float((p > 0.5) == (label > 0))
+        z = math.log(max(p, 1e-12)) / temperature, math.log(max(1 - p, 1e-12)) / temperature
+        m = max(z)
+        pt = math.exp(z[0] - m) / (math.exp(z[0] - m) + math.exp(z[1] - m))
+        return pt if label > 0 else 1 - pt
+    per = []
+    for cls in (1, -1):
+        members = [correct(lab, p) for lab, p in zip(labels, p_pos) if lab == cls]
+        if members:
+            per.append(sum(members) / len(members))
+    return sum(per) / len(per)
+
+
+def finetune(model, cache, train_idx, targets, test_idx, test_labels, at, *, k: int,
+             lr: float, epochs: int, objective: str, seed: int, say) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from rlany.verdict import class_weights, verdict_loss
+
+    torch.manual_seed(seed)
+    top = get_peft_model(top_model(model, k), LoraConfig(
+        r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
+    params = [p for p in top.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    weights = class_weights([targets[i] for i in train_idx], True)
+    w_of = dict(zip(train_idx, weights))
+    values = torch.tensor(at.values)
+    rng = random.Random(seed)
+    t0, steps = time.time(), 0
+    for _ in range(epochs):
+        order = list(train_idx)
+        rng.shuffle(order)
+        for b in range(0, len(order), 8):
+            idx = order[b:b + 8]
+            top.train()
+            parts = verdict_loss(top_logq(top, cache, idx, at.tokens), values,
+                                 torch.tensor([float(targets[i]) for i in idx]),
+                                 torch.tensor([w_of[i] for i in idx]), objective=objective)
+            parts.loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            steps += 1
+    seconds = time.time() - t0
+    top.eval()
+    p_pos = []
+    with torch.no_grad():
+        for b in range(0, len(test_idx), 16):
+            logq = top_logq(top, cache, test_idx[b:b + 16], at.tokens)
+            p_pos += logq[:, at.values.index(1.0)].exp().tolist()
+    return {"optimizer_steps": steps, "train_seconds": round(seconds, 1),
+            "heldout_bal_acc_greedy": round(balanced_accuracy(test_labels, p_pos, None), 4),
+            "heldout_bal_acc_t08": round(balanced_accuracy(test_labels, p_pos, 0.8), 4),
+            "heldout_pos_share": round(sum(p > 0.5 for p in p_pos) / len(p_pos), 4)}
+
+
+def probe(feats, train_idx, labels, test_idx, layer: int) -> float:
+    """Held-out balanced accuracy of a class-balanced logistic regression on one layer's
+    last-position state (standardized; L2 1e-3; LBFGS)."""
+    import torch
+
+    x = torch.stack([feats[i][layer] for i in train_idx])
+    mu, sd = x.mean(0), x.std(0) + 1e-6
+    x = (x - mu) / sd
+    y = torch.tensor([float(labels[i] > 0) for i in train_idx])
+    pos = y.mean().clamp(1e-3, 1 - 1e-3)
+    w_s = torch.where(y > 0, 0.5 / pos, 0.5 / (1 - pos))
+    w = torch.zeros(x.shape[1], requires_grad=True)
+    b = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = (w_s * torch.nn.functional.binary_cross_entropy_with_logits(
+            x @ w + b, y, reduction="none")).mean() + 1e-3 * (w * w).sum()
+        loss.backward()
+        return loss
+    opt.step(closure)
+    xt = (torch.stack([feats[i][layer] for i in test_idx]) - mu) / sd
+    with torch.no_grad():
+        p = torch.sigmoid(xt @ w + b).tolist()
+    return balanced_accuracy([labels[i] for i in test_idx], p, None)
+
+
+# -- driver --------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--grid", default="128,512,1024", help="train steps N")
+    ap.add_argument("--lrs", default="3e-4,1e-3")
+    ap.add_argument("--k", type=int, default=2, help="top layers fine-tuned")
+    ap.add_argument("--updates", type=int, default=1024,
+                    help="sample updates per cell: epochs = max(1, updates // N)")
+    ap.add_argument("--targets", default="label,outcome")
+    ap.add_argument("--per-task", type=int, default=6, help="train episodes per pool task")
+    ap.add_argument("--test-per-task", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from rlany.models import resolve_model
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    torch.manual_seed(args.seed)
+    WORK.mkdir(parents=True, exist_ok=True)
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results.setdefault("cells", {})
+    t0 = time.time()
+    train_rows = judged_steps(episodes(POOL, args.per_task, args.seed))
+    test_rows = judged_steps(episodes(HELD_OUT, args.test_per_task, args.seed + 1))
+    say(f"data: {len(train_rows)} train steps ({sum(r['label'] > 0 for r in train_rows)} "
+        f"labelled +1), {len(test_rows)} held-out ({sum(r['label'] > 0 for r in test_rows)} "
+        f"+1), {time.time() - t0:.1f}s")
+
+    model, tok = load(resolve_model(args.model))
+    rows = train_rows + test_rows
+    prompts, at = encode(tok, rows)
+    cache_file = WORK / f"cache-k{args.k}-s{args.seed}-{len(rows)}.pt"
+    if cache_file.exists():
+        last, cache = torch.load(cache_file)
+    else:
+        t1 = time.time()
+        last, cache = features(model, prompts, args.k, say)
+        results["forward_seconds_per_prompt"] = round((time.time() - t1) / len(prompts), 3)
+        torch.save((last, cache), cache_file)
+    lengths = [len(p) for p in prompts]
+    # the top-K copy computes the whole model's verdict (fp32, tight tolerance)
+    top = top_model(model, args.k)
+    with torch.no_grad():
+        full = model(input_ids=torch.tensor([prompts[0]]), logits_to_keep=1).logits[0, -1]
+        part = top_logq(top, cache, [0], list(range(full.shape[0])))[0]
+        assert torch.allclose(torch.log_softmax(full, -1), part, atol=1e-3), "top-K mismatch"
+    del top
+
+    n_train = len(train_rows)
+    test_idx = list(range(n_train, len(rows)))
+    labels = [r["label"] for r in rows]
+    test_labels = [labels[i] for i in test_idx]
+    # the base judge, untrained (greedy and sampled at 0.8)
+    base = finetune_base(model, cache, test_idx, test_labels, at, args.k)
+    results.update({
+        "what": "held-out balanced accuracy of a SmolLM2-135M judge's verdict against the "
+                "household env's step labels, trained on N labelled steps (supervised, "
+                "class-balanced) or on the trajectory outcome (consistency target, lambda 0)",
+        "machine": machine(), "model": args.model, "k_top_layers": args.k,
+        "train_steps_available": n_train, "train_pos_share": round(
+            sum(labels[i] > 0 for i in range(n_train)) / n_train, 4),
+        "heldout_steps": len(test_idx), "heldout_pos_share": round(
+            sum(lab > 0 for lab in test_labels) / len(test_labels), 4),
+        "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1),
+        "base": base,
+        "outcome_as_verdict_heldout": round(balanced_accuracy(
+            test_labels, [float(rows[i]["outcome"] > 0) for i in test_idx], None), 4)})
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+
+    rng = random.Random(args.seed)
+    order = list(range(n_train))
+    rng.shuffle(order)
+    grid = [int(n) for n in args.grid.split(",")]
+    # probes: every layer, every N (seconds)
+    layers = len(last[0])
+    results["probes"] = {str(n): [round(probe(last, order[:n], labels, test_idx, layer), 4)
+                                  for layer in range(layers)] for n in grid if n <= n_train}
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    say("probes (best layer per N): " + ", ".join(
+        f"N={n}: {max(v):.3f}" for n, v in results["probes"].items()))
+
+    lrs = [float(x) for x in args.lrs.split(",")]
+    grid = [n for n in grid if n <= n_train]
+    # the most telling cells first: the label at the first lr, the consistency target at
+    # the largest N, then the other lrs
+    cells = [("label", "logloss", lrs[0], n) for n in grid]
+    if "outcome" in args.targets.split(","):
+        cells += [("outcome", obj, lrs[0], grid[-1]) for obj in ("logloss", "expected")]
+    cells += [("label", "logloss", lr, n) for lr in lrs[1:] for n in grid]
+    for target, objective, lr, n in cells:
+        key = f"{target}/{objective}/lr{lr:g}/N{n}"
+        if key in results["cells"]:
+            continue
+        targets = [float(r["label"]) if target == "label" else float(r["outcome"])
+                   for r in rows]
+        epochs = max(1, args.updates // n)
+        cell = finetune(model, cache, order[:n], targets, test_idx, test_labels, at,
+                        k=args.k, lr=lr, epochs=epochs, objective=objective, seed=args.seed,
+                        say=say)
+        cell.update({"target": target, "objective": objective, "lr": lr, "n": n,
+                     "epochs": epochs})
+        results["cells"][key] = cell
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        say(f"{key}: greedy {cell['heldout_bal_acc_greedy']:.3f}, T0.8 "
+            f"{cell['heldout_bal_acc_t08']:.3f} ({cell['train_seconds']:.0f}s)")
+    return 0
+
+
+def finetune_base(model, cache, test_idx, test_labels, at, k: int) -> dict:
+    """The untrained judge on the held-out steps (through the same top-K path)."""
+    import torch
+
+    top = top_model(model, k)
+    p_pos = []
+    with torch.no_grad():
+        for b in range(0, len(test_idx), 16):
+            logq = top_logq(top, cache, test_idx[b:b + 16], at.tokens)
+            p_pos += logq[:, at.values.index(1.0)].exp().tolist()
+    return {"heldout_bal_acc_greedy": round(balanced_accuracy(test_labels, p_pos, None), 4),
+            "heldout_bal_acc_t08": round(balanced_accuracy(test_labels, p_pos, 0.8), 4),
+            "heldout_pos_share": round(sum(p > 0.5 for p in p_pos) / len(p_pos), 4)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
