@@ -65,7 +65,7 @@ class EngineFields:
                      "model directory, or a hub id where a hub is reachable. --engine fake: a "
                      "script file, or a directory holding fake_script.json.", scope="run")
     engine: str = opt("auto", "auto (vllm on a GPU, hf on a CPU: measured faster there, see "
-                      "the README), vllm, hf, openai (a server), fake (tests).",
+                      "benchmarks/README.md), vllm, hf, openai (a server), fake (tests).",
                       scope="run", choices=("auto", "vllm", "hf", "openai", "fake"))
     adapter: str | None = opt(None, "A PEFT LoRA adapter directory to generate with.",
                               scope="io")
