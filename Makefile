@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool test test-slow demo bench bench-all bench-learning \
 	bench-learning-reduced bench-learning-warm bench-learning-reasoning bench-sweep \
-	bench-sweep-reasoning lint golden clean
+	bench-sweep-reasoning lint golden docs clean
 
 install: $(VENV)/.installed-cpu
 
@@ -61,6 +61,10 @@ lint: install
 
 golden: install
 	$(PY) stages/golden.py
+
+# docs/cli.md: every command's --help (tests/test_cli_docs.py fails when it is stale)
+docs: install
+	$(PY) docs/gen_cli.py
 
 demo: install
 	bash examples/demo.sh
