@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool test test-slow demo bench bench-all bench-learning \
 	bench-learning-reduced bench-learning-warm bench-learning-reasoning bench-sweep \
-	bench-sweep-reasoning lint golden clean
+	bench-sweep-reasoning lint golden docs clean
 
 install: $(VENV)/.installed-cpu
 
@@ -33,7 +33,7 @@ $(VENV)/.installed-cpu: pyproject.toml
 	touch $@
 
 # The sandbox's strongest mode needs bubblewrap (Debian package). Installed when root with
-# apt; otherwise the sandbox uses a weaker mode and says which (README, "The sandbox").
+# apt; otherwise the sandbox uses a weaker mode and says which (README, "What is guaranteed").
 sandbox-tool:
 	@command -v bwrap >/dev/null && exit 0; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -61,6 +61,10 @@ lint: install
 
 golden: install
 	$(PY) stages/golden.py
+
+# docs/cli.md: every command's --help (tests/test_cli_docs.py fails when it is stale)
+docs: install
+	$(PY) docs/gen_cli.py
 
 demo: install
 	bash examples/demo.sh
@@ -94,7 +98,7 @@ bench-learning-reasoning: install
 		--bench learning-reasoning --arms full --seeds 0 --readme
 
 # Defaults from evidence: policy-only runs of learn.toml, one knob varied at a time
-# (~10-15 min a run here; resumable). The README's sweep table comes from it; the sums'
+# (~10-15 min a run here; resumable). benchmarks/README.md's sweep table comes from it; the sums'
 # sweep (bench-sweep-reasoning) borrows its default runs from bench-learning-reasoning.
 bench-sweep: install
 	$(PY) benchmarks/sweep.py --vary rollout.n=4 --vary train_policy.target_modules=all-linear \

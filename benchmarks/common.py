@@ -41,12 +41,16 @@ def check_name(parser, flag: str, value: str) -> None:
         parser.error(f"{flag} {value!r}: letters, digits, '_', '.' and '-' only")
 
 
-def write_readme_block(block: str, text: str, readme: Path = Path("README.md")) -> None:
-    """Replace what stands between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` in the
-    README with `text` (the generated tables: bench-table, learning-table, sweep-table)."""
+BENCH_README = Path(__file__).parent / "README.md"  # the generated tables live here
+
+
+def write_readme_block(block: str, text: str, readme: Path = BENCH_README) -> None:
+    """Replace what stands between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` in
+    benchmarks/README.md with `text` (the generated tables: bench-table, learning-table,
+    sweep-table and their variants)."""
     begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
     doc = readme.read_text()
     if begin not in doc or end not in doc:
-        raise SystemExit(f"README.md has no {begin} ... {end} block")
+        raise SystemExit(f"{readme} has no {begin} ... {end} block")
     head, rest = doc.split(begin, 1)
     readme.write_text(head + begin + "\n" + text + rest[rest.index(end):])

@@ -17,10 +17,10 @@ step labels (arms with a judge), accepted tasks per iteration (full), seconds pe
 Runs are the loop's own run directories (runs/learning/ARM-sSEED): a killed or interrupted
 benchmark resumes where it stopped, and `--report-only` summarizes whatever is complete.
 Writes benchmarks/results/learning.json, learning.md (the table) and learning-report/
-(`rlany report`: plots of every run); `--readme` puts the table into README.md. The reduced
-version (a smoke run of the whole benchmark: policy-only and full, seed 0, 2 iterations) has
-its own runs (runs/learning-reduced) and results (learning-reduced.*), so it never resumes
-or overwrites the full benchmark's.
+(`rlany report`: plots of every run); `--readme` puts the table into benchmarks/README.md.
+The reduced version (a smoke run of the whole benchmark: policy-only and full, seed 0, 2
+iterations) has its own runs (runs/learning-reduced) and results (learning-reduced.*), so it
+never resumes or overwrites the full benchmark's.
 
     python benchmarks/learning.py                       # policy-only and full, seeds 0 1 2
     python benchmarks/learning.py --reduced             # seed 0, 2 iterations: ~25 min here
@@ -272,9 +272,9 @@ def main() -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, help="override the config's iterations")
     parser.add_argument("--bench", help="the results' name: benchmarks/results/BENCH.json, "
-                        ".md and -report/, runs/BENCH, README block BENCH-table (default: "
-                        "learning, or learning-reduced); another config needs its own, e.g. "
-                        "--bench learning-reasoning")
+                        ".md and -report/, runs/BENCH, benchmarks/README.md block "
+                        "BENCH-table (default: learning, or learning-reduced); another config "
+                        "needs its own, e.g. --bench learning-reasoning")
     parser.add_argument("--runs-dir", help="default: runs/BENCH")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to `rlany loop --set` (every run)")
@@ -291,7 +291,8 @@ def main() -> dict:
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: summarize the runs that exist (the summary "
                         "always covers every evaluated run under --runs-dir)")
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--readme", action="store_true",
+                        help="write the table into benchmarks/README.md")
     args = parser.parse_args()
     sets = list(args.set)
     if args.tag:

@@ -1,6 +1,6 @@
-"""The README's benchmark table, generated from benchmarks/results/*.json (`make bench` and
-`make bench-all` rewrite it; `python benchmarks/readme_table.py` alone regenerates it from
-the committed results). One row per result file: what was measured, the figure, the
+"""benchmarks/README.md's speed table, generated from benchmarks/results/*.json (`make bench`
+and `make bench-all` rewrite it; `python benchmarks/readme_table.py` alone regenerates it
+from the committed results). One row per result file: what was measured, the figure, the
 target, whether it was met, and the machine it ran on (CPU capability, dtype, date).
 The learning benchmark and the sweep have their own tables.
 """

@@ -23,7 +23,8 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="also the model benchmarks")
     parser.add_argument("names", nargs="*", help="run only these (e.g. bench_score)")
     parser.add_argument("--readme", action="store_true",
-                        help="regenerate README.md's benchmark table from results/*.json")
+                        help="regenerate benchmarks/README.md's speed table from "
+                        "results/*.json")
     args = parser.parse_args()
     names = args.names or (FAST + SLOW if args.all else FAST)
     rows = []

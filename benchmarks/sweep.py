@@ -11,7 +11,8 @@ knob is the only difference. Reports per run: train accuracy per iteration, held
 (base and final, 95% Wilson), the difference to the default run of the same seed (95%
 Newcombe) and the stage minutes. A knob value is better only where that interval is clear
 of 0; with 128 held-out episodes per evaluation, differences under ~0.1 are not resolved.
-Writes benchmarks/results/sweep.json and sweep.md; `--readme` puts the table into README.md.
+Writes benchmarks/results/sweep.json and sweep.md; `--readme` puts the table into
+benchmarks/README.md.
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
 """
 
@@ -141,8 +142,8 @@ def main() -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--bench", default="sweep",
                         help="the results' name: benchmarks/results/BENCH.json and .md, "
-                        "runs/BENCH, README block BENCH-table; another config needs its own, "
-                        "e.g. --bench sweep-reasoning")
+                        "runs/BENCH, benchmarks/README.md block BENCH-table; another config "
+                        "needs its own, e.g. --bench sweep-reasoning")
     parser.add_argument("--runs-dir", help="default: runs/BENCH")
     parser.add_argument("--default-from", metavar="DIR",
                         help="take the default runs from DIR/policy-only-sSEED (the learning "
@@ -150,7 +151,8 @@ def main() -> dict:
                         "equal a fresh default run's")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: summarize the runs under --runs-dir")
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--readme", action="store_true",
+                        help="write the table into benchmarks/README.md")
     args = parser.parse_args()
     check_name(parser, "--bench", args.bench)
     if args.bench == "sweep" and args.config != parser.get_default("config"):

@@ -172,7 +172,9 @@ def report_cmd(
     output: Annotated[Optional[str], typer.Option(
         "-o", "--output", help="Report directory (default: RUN/report for one run).")] = None,
 ) -> None:
-    """Plots (PNG) and a markdown table of one run, or of several side by side."""
+    """Plots (PNG) of what the runs measured, with 95% intervals, and a markdown table of one
+    run or of several side by side (the seeds of one arm, runs named ARM-sSEED, drawn as one
+    line with a band)."""
     from rlany.report import write_report
 
     if output is None:

@@ -33,6 +33,7 @@ from rlany.rollout import EpisodeFields
 
 # eval's flags that are the judge's (eval key -> judge key); `rlany loop` fills them from
 # [judge] unless [eval] sets them
+JUDGE_PANEL = "Judge (with --judge)"  # the judge's settings: their own heading in --help
 JUDGE_FIELDS = {"m": "m", "judge_max_tokens": "max_tokens",
                 "judge_temperature": "temperature", "history_steps": "history_steps",
                 "judge_mode": "mode", "verdict": "verdict", "obs_lines": "obs_lines"}
@@ -47,22 +48,30 @@ class EvalOptions(EpisodeFields):
     n: int = opt(4, "Episodes per task.", min=1)
     k: tuple[int, ...] = opt((1,), "pass@k to report (each <= --n).", min=1)
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
+    # the judge measured: the paper's step accuracy, reported by every loop iteration. Its
+    # settings mirror `rlany judge`'s (the loop fills them from [judge]): a heading of their
+    # own in --help, not research switches (benchmarks/README.md, "Research switches")
     judge: bool = opt(False, "Also judge the eval trajectories: step accuracy against the "
-                      "env's step labels, and the last step against the outcome.")
+                      "env's step labels, and the last step against the outcome.",
+                      panel=JUDGE_PANEL)
     judge_adapter: str | None = opt(None, "Reward-model adapter for the judge (implies "
-                                    "--judge).", scope="io")
-    m: int = opt(3, "Judge samples per step.", min=1)
+                                    "--judge).", scope="io", panel=JUDGE_PANEL)
+    m: int = opt(3, "Judge samples per step.", min=1, panel=JUDGE_PANEL)
     judge_max_tokens: int = opt(384, "Max new tokens of the judge's reasoning (0: the "
-                                "verdict alone).", min=0)
-    judge_temperature: float = opt(0.8, "The judge's sampling temperature.", min=0)
-    history_steps: int = opt(5, "Earlier actions shown to the judge.", min=0)
-    obs_lines: int = opt(0, "The judge's observation cap (see `rlany judge --help`).", min=0)
+                                "verdict alone).", min=0, panel=JUDGE_PANEL)
+    judge_temperature: float = opt(0.8, "The judge's sampling temperature.", min=0,
+                                   panel=JUDGE_PANEL)
+    history_steps: int = opt(5, "Earlier actions shown to the judge.", min=0,
+                             panel=JUDGE_PANEL)
+    obs_lines: int = opt(0, "The judge's observation cap (see `rlany judge --help`).", min=0,
+                         panel=JUDGE_PANEL)
     judge_mode: str = opt("steps", "The judge's mode (see `rlany judge --help`).",
-                          choices=("steps", "unit-tests"))
+                          choices=("steps", "unit-tests"), panel=JUDGE_PANEL)
     verdict: str = opt("constrained", "The judge's verdict decoding (see `rlany judge "
-                       "--help`).", choices=("constrained", "free"))
+                       "--help`).", choices=("constrained", "free"), panel=JUDGE_PANEL)
     judge_last_step_only: bool = opt(False, "Judge only each episode's last step: the "
-                                     "outcome-labelled one, at a fraction of the cost.")
+                                     "outcome-labelled one, at a fraction of the cost.",
+                                     panel=JUDGE_PANEL)
 
     def check(self, name) -> None:
         if any(x > self.n for x in self.k):

@@ -2,14 +2,20 @@
 
 One run: PNG plots (train accuracy, eval success, judge accuracy and parse failures,
 accepted tasks per iteration, policy loss, time per stage) and `report.md` with the
-per-iteration table. Several runs: the same plots with one line per run, and a table
-comparing their base and final numbers side by side (the ablation table).
+per-iteration table. Only the panels the runs have data for are drawn (a policy-only run
+has no judge and no task panels). Eval success carries its 95% Wilson interval as error
+bars. Several runs: the same plots with one line per run, except that the seeds of one arm
+(runs named ARM-sSEED, as the learning benchmark names them) are one line, their mean, with
+a band from the lowest to the highest seed; and a table comparing every run's base and
+final numbers side by side (the ablation table).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from statistics import fmean
 
 from rlany.errors import RlanyError
 
@@ -37,6 +43,53 @@ def load_run(run: Path) -> dict:
             "init": json.loads(init.read_text()) if init.exists() else None,
             "final": json.loads(evals[-1].read_text()) if evals else None,
             "final_iteration": int(evals[-1].parent.name[5:]) if evals else None}
+
+
+SEED = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
+
+
+def series(run: dict, key: str) -> dict[int, tuple[float, list[float] | None]]:
+    """iteration -> (value, its 95% interval or None) of one metric; eval success starts
+    with the base model at iteration -1."""
+    points = {}
+    if key == "eval_success" and run["base"] and run["base"].get("success_rate") is not None:
+        points[-1] = (run["base"]["success_rate"], run["base"].get("success_ci95"))
+    for r in run["rows"]:
+        if r.get(key) is not None:
+            points[r["iteration"]] = (r[key], r.get(f"{key}_ci95"))
+    return points
+
+
+def lines(runs: list[dict], key: str) -> list[dict]:
+    """What one panel draws: per line its label, x, y, and the band or error bars (lo, hi):
+    a run alone with its intervals where it has them; the seeds of one arm (two or more runs
+    named ARM-sSEED) as their mean with the range over seeds as a band."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        m = SEED.match(run["name"])
+        groups.setdefault(f"arm:{m['arm']}" if m else f"run:{id(run)}", []).append(run)
+    out = []
+    for key_, members in groups.items():
+        data = [series(run, key) for run in members]
+        if key_.startswith("arm:") and len(members) > 1:
+            xs = sorted({x for d in data for x in d})
+            at = [[d[x][0] for d in data if x in d] for x in xs]
+            if xs:
+                out.append({"label": f"{key_[4:]} (mean of {len(members)} seeds; band: "
+                            "their range)", "x": xs, "y": [fmean(v) for v in at],
+                            "lo": [min(v) for v in at], "hi": [max(v) for v in at],
+                            "band": True})
+            continue
+        for run, d in zip(members, data):
+            xs = sorted(d)
+            if not xs:
+                continue
+            ci = [d[x][1] for x in xs]
+            out.append({"label": run["name"], "x": xs, "y": [d[x][0] for x in xs],
+                        "lo": [c[0] if c else d[x][0] for x, c in zip(xs, ci)],
+                        "hi": [c[1] if c else d[x][0] for x, c in zip(xs, ci)],
+                        "band": False, "intervals": any(ci)})
+    return out
 
 
 def gain_line(run: dict) -> str | None:
@@ -112,31 +165,41 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
 
     runs = [load_run(Path(d)) for d in run_dirs]
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, drawn = [], []
     for key, title in PLOTS:
+        panel = lines(runs, key)
+        if not panel:  # nothing to show: no empty panel (e.g. no judge in a policy-only run)
+            continue
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        drawn = False
-        for run in runs:
-            xs = [r["iteration"] for r in run["rows"] if r.get(key) is not None]
-            ys = [r[key] for r in run["rows"] if r.get(key) is not None]
-            if key == "eval_success" and run["base"]:
-                xs, ys = [-1] + xs, [run["base"]["success_rate"]] + ys
-            if xs:
-                ax.plot(xs, ys, marker="o", label=run["name"])
-                drawn = True
-        ax.set_title(title)
+        for line in panel:
+            (handle,) = ax.plot(line["x"], line["y"], marker="o", label=line["label"])
+            if line["band"]:
+                ax.fill_between(line["x"], line["lo"], line["hi"], alpha=0.2,
+                                color=handle.get_color())
+            elif line.get("intervals"):
+                err = [[y - lo for y, lo in zip(line["y"], line["lo"])],
+                       [hi - y for y, hi in zip(line["y"], line["hi"])]]
+                ax.errorbar(line["x"], line["y"], yerr=err, fmt="none", capsize=3,
+                            color=handle.get_color())
+        bars = any(line.get("intervals") for line in panel)
+        ax.set_title(title + (" (bars: 95% interval)" if bars else ""))
         ax.set_xlabel("iteration (-1 = base model)" if key == "eval_success" else "iteration")
         ax.xaxis.get_major_locator().set_params(integer=True)
-        if not drawn:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-        if len(runs) > 1 and drawn:
+        if len(panel) > 1 or len(runs) > 1:
             ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / f"{key}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
-    written.append(_stage_times(runs, out, plt))
+        drawn.append(key)
+    stage_plot = _stage_times(runs, out, plt)
+    if stage_plot:
+        written.append(stage_plot)
+        drawn.append("stage_seconds")
+    for key in [k for k, _ in PLOTS] + ["stage_seconds"]:  # an earlier report's, now empty
+        if key not in drawn:
+            (out / f"{key}.png").unlink(missing_ok=True)
     md = ["# rlany report", ""]
     if len(runs) > 1:
         md += ["## Comparison", "", comparison_table(runs), ""]
@@ -148,16 +211,18 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
         if run["base"]:
             md += [f"Base model eval success: {_fmt(run['base'].get('success_rate'))}, judge "
                    f"step accuracy: {_fmt(run['base'].get('judge_step_accuracy'))}", ""]
-    md += [f"![{key}]({key}.png)" for key, _ in PLOTS] + ["![stage_seconds](stage_seconds.png)"]
+    md += [f"![{key}]({key}.png)" for key in drawn]
     (out / "report.md").write_text("\n".join(md) + "\n")
     written.append(out / "report.md")
     return written
 
 
-def _stage_times(runs: list[dict], out: Path, plt) -> Path:
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+def _stage_times(runs: list[dict], out: Path, plt) -> Path | None:
     run = runs[0]
     stages = sorted({s for r in run["rows"] for s in r.get("seconds", {})})
+    if not stages:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.2))
     bottom = [0.0] * len(run["rows"])
     xs = [r["iteration"] for r in run["rows"]]
     for stage in stages:
@@ -167,8 +232,7 @@ def _stage_times(runs: list[dict], out: Path, plt) -> Path:
     ax.set_title(f"seconds per stage ({run['name']})")
     ax.set_xlabel("iteration")
     ax.set_xticks(xs)
-    if stages:
-        ax.legend(fontsize=7)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     path = out / "stage_seconds.png"
     fig.savefig(path, dpi=100)

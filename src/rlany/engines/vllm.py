@@ -7,7 +7,8 @@ one episode), reuse the prompt's KV cache. LoRA adapters are loaded on first use
 and stay loaded (new checkpoints get new ids, so a running engine picks up new adapters).
 Requests whose messages carry images (GUI observations) go through `LLM.chat`, which
 renders them with the model's processor and loads the local files; this needs a
-multimodal model and was not run here (no multimodal model offline): see the README.
+multimodal model and was not run here (no multimodal model offline): see
+stages/rollout/README.md.
 
 A request's `continuation` ids follow its rendered prompt (image requests continue the
 assistant message by text, `continue_final_message`). `Sampling.choices` is vLLM's

@@ -1,0 +1,68 @@
+"""`rlany report`: only the panels a run has, intervals as error bars, seeds of an arm as
+one line with a band."""
+
+import json
+from pathlib import Path
+
+from rlany.report import lines, load_run, write_report
+
+
+def _run(root: Path, name: str, evals: list[float], judge: bool = False) -> Path:
+    """A loop run directory: base eval, then one metrics row per evaluation."""
+    run = root / name
+    run.mkdir(parents=True)
+    rows = []
+    for i, s in enumerate(evals[1:]):
+        row = {"iteration": i, "train_acc": 0.1 * (i + 1), "eval_success": s,
+               "eval_success_ci95": [s - 0.05, s + 0.05], "policy_loss": 0.5,
+               "seconds": {"rollout": 3.0, "train_policy": 5.0}}
+        if judge:
+            row.update(judge_label_accuracy=0.5, judge_parse_fail_rate=0.0, accepted_tasks=i)
+        rows.append(row)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "eval_base.json").write_text(json.dumps(
+        {"success_rate": evals[0], "trajectories": 128,
+         "success_ci95": [evals[0] - 0.04, evals[0] + 0.04]}))
+    return run
+
+
+def test_a_policy_only_run_gets_only_its_panels(tmp_path):
+    run = _run(tmp_path, "policy-only", [0.1, 0.2, 0.3])
+    out = tmp_path / "report"
+    (out).mkdir()
+    (out / "judge_label_accuracy.png").write_bytes(b"an older report's panel")
+    written = {p.name for p in write_report([str(run)], out)}
+    assert written == {"train_acc.png", "eval_success.png", "policy_loss.png",
+                       "stage_seconds.png", "report.md"}
+    assert sorted(p.name for p in out.iterdir()) == sorted(written)
+    md = (out / "report.md").read_text()
+    assert "![eval_success](eval_success.png)" in md and "judge_label_accuracy" not in md
+
+
+def test_eval_success_carries_its_intervals(tmp_path):
+    run = load_run(_run(tmp_path, "one", [0.1, 0.2, 0.3]))
+    (line,) = lines([run], "eval_success")
+    assert line["x"] == [-1, 0, 1] and line["y"] == [0.1, 0.2, 0.3] and line["intervals"]
+    assert [round(v, 2) for v in line["lo"]] == [0.06, 0.15, 0.25]
+    assert [round(v, 2) for v in line["hi"]] == [0.14, 0.25, 0.35]
+    (acc,) = lines([run], "train_acc")
+    assert not acc["intervals"] and acc["lo"] == acc["y"]  # no interval: none drawn
+
+
+def test_seeds_of_one_arm_are_one_line_with_a_band(tmp_path):
+    runs = [load_run(_run(tmp_path, f"full-s{s}", evals, judge=True))
+            for s, evals in enumerate([[0.1, 0.2, 0.4], [0.1, 0.3, 0.2], [0.2, 0.4, 0.3]])]
+    runs.append(load_run(_run(tmp_path, "policy-only-s0", [0.1, 0.3, 0.5])))
+    panel = lines(runs, "eval_success")
+    assert [p["label"] for p in panel] == ["full (mean of 3 seeds; band: their range)",
+                                           "policy-only-s0"]
+    full = panel[0]
+    assert full["band"] and full["x"] == [-1, 0, 1]
+    assert [round(v, 3) for v in full["y"]] == [0.133, 0.3, 0.3]
+    assert full["lo"] == [0.1, 0.2, 0.2] and full["hi"] == [0.2, 0.4, 0.4]
+    assert [p["label"] for p in lines(runs, "judge_label_accuracy")] == [
+        "full (mean of 3 seeds; band: their range)"]  # policy-only has no judge line
+    out = tmp_path / "cmp"
+    written = {p.name for p in write_report([str(tmp_path / r["name"]) for r in runs], out)}
+    assert "judge_label_accuracy.png" in written and "eval_judge_step_accuracy.png" not in written
+    assert "| full-s1 |" in (out / "report.md").read_text()  # the table: one row per run
