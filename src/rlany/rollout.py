@@ -55,7 +55,7 @@ class EpisodeFields(EngineFields):
                                     "prompt (default: all).", min=0)
     constrain_actions: bool = opt(False, "Decode every response as exactly one of the env's "
                                   "admissible actions (envs with choices(): household, "
-                                  "alfworld; engines vllm, hf, fake).")
+                                  "alfworld, miniwob; engines vllm, hf, fake).")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +69,7 @@ class RolloutOptions(EpisodeFields):
                                    "from --seed and --iteration, kept in input order) plus "
                                    "every candidate task; default: all.", min=1)
     expert: bool = opt(False, "Play the env's expert instead of a model (envs with "
-                       "expert_action(): household, alfworld): demonstrations for `rlany "
+                       "expert_action(): household, alfworld, miniwob): demonstrations for `rlany "
                        "sft`, in the prompts this rollout's flags give (--history-turns, "
                        "--max-steps). Needs --n 1; no model is loaded, so the sampling and "
                        "engine flags do not apply.", scope="io")

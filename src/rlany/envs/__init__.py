@@ -96,6 +96,7 @@ BUILTIN = {
     "household": "rlany.envs.household:HouseholdEnv",
     "coding": "rlany.envs.coding:CodingEnv",
     "alfworld": "rlany.envs.alfworld:AlfworldEnv",
+    "miniwob": "rlany.envs.miniwob:MiniwobEnv",
 }
 _registered: dict[str, Callable[[], Environment]] = {}
 
