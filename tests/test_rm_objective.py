@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-from conftest import make_judgment, make_traj, write_jsonl
 
+from conftest import make_judgment, make_traj, write_jsonl
 from rlany.errors import RlanyError
 from rlany.records import Scored, ScoredJudgeSample, ScoredStep
 from rlany.score import ScoreOptions, score_group

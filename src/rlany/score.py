@@ -90,12 +90,12 @@ class ScoreOptions:
     rm_balance: bool = opt(False, "Weight a task's reward-model steps so those with R > 0 and "
                            "those with R < 0 weigh the same: consistency feedback then cannot "
                            "be met by a bias toward -1 (most steps of a hard task fail) and "
-                           "teaches which steps are good.")
+                           "teaches which steps are good.", diagnostic=True)
     rm_target: str = opt("outcome", "What a judge verdict must agree with: the step's "
                          "integrated reward R (outcome, the paper's consistency feedback) or "
                          "the env's step label (label: an upper-bound diagnostic for envs "
                          "with step labels, e.g. household; a step without one is an error).",
-                         choices=("outcome", "label"))
+                         choices=("outcome", "label"), diagnostic=True)
 
     def check(self, name) -> None:
         if self.rm_acc_min > self.rm_acc_max:

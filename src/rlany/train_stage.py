@@ -40,9 +40,9 @@ class TrainFields:
                               "this model directory).", scope="io")
     iteration: int = opt(0, "Loop iteration, recorded in rlany.json.", scope="io", min=0)
     seed: int = opt(0, "Seed of the LoRA init and the sample order.", scope="run", min=0)
-    lr: float = opt(3e-4, "AdamW learning rate. LoRA: 3e-4 (the README's sweep: 2e-5 did "
-                    "not move SmolLM2-135M in 3 iterations, 3e-4 and 1e-3 did); full "
-                    "fine-tuning wants ~1e-6.", min=0, min_exclusive=True)
+    lr: float = opt(3e-4, "AdamW learning rate. LoRA: 3e-4 (benchmarks/LOG.md, 2026-11-22: "
+                    "2e-5 did not move SmolLM2-135M in 3 iterations, 3e-4 and 1e-3 did); "
+                    "full fine-tuning wants ~1e-6.", min=0, min_exclusive=True)
     epochs: int = opt(1, "Passes over the samples.", min=1)
     micro_batch: int = opt(4, "Sequences per forward/backward.", min=1)
     grad_accum: int = opt(2, "Micro-batches per optimizer step (per process).", min=1)
@@ -76,7 +76,8 @@ class TrainOptions(TrainFields):
     old_logprobs: str = opt("auto", "PPO's pre-update log-probs: auto (the sampling engine's, "
                             "where every sample has them and they are exact), generation, or "
                             "recompute (an extra forward pass).",
-                            choices=("auto", "generation", "recompute"))
+                            choices=("auto", "generation", "recompute"),
+                            diagnostic=True)
 
 
 @dataclass(frozen=True, kw_only=True)
