@@ -284,3 +284,32 @@ def test_cli_a_skipped_judgment_with_steps_names_its_line(tmp_path, cli):
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and f"{j}:5:" in err[0] and "skipped judgment" in err[0], r.stderr
     assert not out.exists()
+
+
+def test_step_scores_label_puts_the_env_labels_in_place_of_the_judge():
+    """--step-scores label: R = O + lambda * L (the upper bound of step feedback), no
+    judgments needed; a step without a label is an error at its line."""
+    trajs = [make_traj("t", i, +1 if i == 0 else -1, n_steps=2) for i in range(2)]
+    for tr in trajs:
+        tr.steps[0].info["label"] = 1
+        tr.steps[1].info["label"] = 1 if tr.outcome == 1 else -1
+    scored, _ = score_group([(f"x:{i + 1}", tr, None) for i, tr in enumerate(trajs)],
+                            ScoreOptions(step_scores="label"))
+    assert [[s.reward for s in t.steps] for t in scored] == [[2.0, 2.0], [0.0, -2.0]]
+    assert [[s.step_score for s in t.steps] for t in scored] == [[1.0, 1.0], [1.0, -1.0]]
+    del trajs[1].steps[0].info["label"]
+    with pytest.raises(RlanyError, match="--step-scores label: step 0") as e:
+        score_group([(f"x:{i + 1}", tr, None) for i, tr in enumerate(trajs)],
+                    ScoreOptions(step_scores="label"))
+    assert e.value.where == "x:2"
+
+
+def test_the_loop_skips_the_judge_when_nothing_reads_its_verdicts():
+    from rlany.loop import _judged
+    from rlany.loop_config import LoopConfig
+
+    labels = {"score": {"step_scores": "label"}}
+    assert not _judged(LoopConfig(name="u", tasks="t", rm_training=False,
+                                  env_adaptation=False, tables=labels))
+    assert _judged(LoopConfig(name="u", tasks="t", rm_training=False, env_adaptation=False))
+    assert _judged(LoopConfig(name="u", tasks="t", env_adaptation=False, tables=labels))

@@ -68,7 +68,11 @@ class Stage:
 
 
 def _judged(cfg: LoopConfig) -> bool:
-    return cfg.step_feedback or cfg.rm_training or cfg.env_adaptation
+    """The judge runs when something reads its verdicts: step feedback (unless score takes
+    the env's labels as step scores, `[score] step_scores = "label"`), the reward model's
+    training, or the task adaptation's critiques."""
+    labels = cfg.tables.get("score", {}).get("step_scores") == "label"
+    return (cfg.step_feedback and not labels) or cfg.rm_training or cfg.env_adaptation
 
 
 def _meta(opts: Any) -> Path:  # a file stage's sidecar is written last

@@ -24,6 +24,8 @@ Reward model (consistency feedback):
     `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
     weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
     cheapest way to agree with R is to say -1 more often, whatever the step.
+    `--step-scores label` (a diagnostic) puts the env's label L_it in place of S̄_it in
+    R_it: the upper bound of step feedback (a perfect judge), with no judge at all.
     `--rm-target label` (a diagnostic, not the paper's method) puts the env's own step label
     L_it ∈ {-1, +1} (`info["label"]`) in place of R_it: the same steps and samples, trained
     toward the truth, which bounds what consistency feedback could teach the judge.
@@ -97,6 +99,12 @@ class ScoreOptions:
                          "with step labels, e.g. household; a step without one is an error).",
                          choices=("outcome", "label"), diagnostic=True)
 
+    step_scores: str = opt("judge", "Where S comes from in R = O + lambda * mean(S): the judge's "
+                           "verdicts (judge, the paper) or the env's own step labels (label: "
+                           "the upper bound of step feedback, no judge needed; envs with step "
+                           "labels, e.g. household).", choices=("judge", "label"),
+                           diagnostic=True)
+
     def check(self, name) -> None:
         if self.rm_acc_min > self.rm_acc_max:
             raise RlanyError(f"need {name('rm_acc_min')} <= {name('rm_acc_max')}, got "
@@ -137,9 +145,10 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
     successes = sum(t.outcome == 1 for t in trajs)
     acc = successes / n
 
-    # R_it = O_i + λ · mean_j S_itj
-    step_scores = [[_mean_score(j, t) for t in range(len(tr.steps))]
-                   for tr, j in zip(trajs, judgments)]
+    # R_it = O_i + λ · mean_j S_itj (or λ · L_it, the env's label, with --step-scores label)
+    step_scores = (_labels(group, "--step-scores label") if opts.step_scores == "label" else
+                   [[_mean_score(j, t) for t in range(len(tr.steps))]
+                    for tr, j in zip(trajs, judgments)])
     rewards = [[tr.outcome + opts.lam * s for s in scores]
                for tr, scores in zip(trajs, step_scores)]
 
@@ -177,7 +186,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
 
     tests = _test_rewards(group, rm_keep, opts)
     targets = rewards if opts.rm_target == "outcome" or tests is not None else \
-        _labels(group)
+        _labels(group, "--rm-target label")
     scored: list[Scored] = []
     policy_samples = rm_samples = 0
     for i, (tr, judgment) in enumerate(zip(trajs, judgments)):
@@ -238,18 +247,20 @@ def _balanced(scored: list[Scored], targets: list[list[float]]) -> list[Scored]:
         for step, target in zip(tr.steps, row)]) for tr, row in zip(scored, targets)]
 
 
-def _labels(group: list[tuple[str, Trajectory, Judgment | None]]) -> list[list[float]]:
-    """--rm-target label: each step's env label (+1 / -1), checked at its line."""
+def _labels(group: list[tuple[str, Trajectory, Judgment | None]], why: str
+            ) -> list[list[float]]:
+    """--rm-target label / --step-scores label: each step's env label (+1 / -1), checked at
+    its line."""
     out = []
     for where, tr, _ in group:
         row = []
         for t, step in enumerate(tr.steps):
             label = step.info.get("label")
             if label not in (1, -1):
-                raise RlanyError(f"--rm-target label: step {t} of trajectory '{tr.traj_id}' "
+                raise RlanyError(f"{why}: step {t} of trajectory '{tr.traj_id}' "
                                  f"has no env step label (info.label is {label!r})",
                                  where=where, hint="use an env with step labels (household, "
-                                 "alfworld) or --rm-target outcome")
+                                 "alfworld)")
             row.append(float(label))
         out.append(row)
     return out
