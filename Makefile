@@ -11,6 +11,7 @@ export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
+	bench-judge-capacity \
 	bench-learning-reduced bench-learning-warm bench-learning-reasoning bench-sweep \
 	bench-sweep-reasoning lint golden docs clean
 
@@ -107,6 +108,11 @@ bench-learning-reasoning: install
 		--bench learning-reasoning --arms policy-only --seeds 0 1 2
 	$(PY) benchmarks/learning.py --config examples/reasoning/learn.toml \
 		--bench learning-reasoning --arms full --seeds 0 --readme
+
+# Can the 135M judge learn the household step labels (supervised), and what does the
+# outcome (the consistency target) teach it? benchmarks/results/judge_capacity.json
+bench-judge-capacity: install
+	$(PY) benchmarks/judge_capacity.py --readme
 
 # Defaults from evidence: policy-only runs of learn.toml, one knob varied at a time
 # (~10-15 min a run here; resumable). benchmarks/README.md's sweep table comes from it; the sums'

@@ -271,6 +271,39 @@ def probe(feats, train_idx, labels, test_idx, layer: int) -> float:
     return balanced_accuracy([labels[i] for i in test_idx], p, None)
 
 
+# -- the README block -------------------------------------------------------------------
+
+def table(results: dict) -> str:
+    """benchmarks/README.md's judge-capacity block, from the results JSON."""
+    base = results["base"]
+    lines = [f"SmolLM2-135M judge, household `learn.toml` prompts (history 1, obs lines 1); "
+             f"{results['train_steps_available']} labelled train steps from pool tasks, "
+             f"{results['heldout_steps']} held-out steps from the held-out tasks "
+             f"({results['heldout_pos_share']:.0%} labelled +1). Balanced accuracy on the "
+             f"held-out steps; base judge {base['heldout_bal_acc_greedy']:.3f} (greedy), "
+             f"{base['heldout_bal_acc_t08']:.3f} (sampled at T 0.8); the outcome itself as "
+             f"the verdict {results['outcome_as_verdict_heldout']:.3f}. Top "
+             f"{results['k_top_layers']} of 30 layers fine-tuned (LoRA r16, all linear) on "
+             f"the cached lower layers.", "",
+             "| target | objective | lr | N | epochs | greedy | sampled T 0.8 | +1 share | "
+             "train s |", "|---|---|---|---|---|---|---|---|---|"]
+    for cell in results.get("cells", {}).values():
+        lines.append(f"| {cell['target']} | {cell['objective']} | {cell['lr']:g} | "
+                     f"{cell['n']} | {cell['epochs']} | {cell['heldout_bal_acc_greedy']:.3f} "
+                     f"| {cell['heldout_bal_acc_t08']:.3f} | {cell['heldout_pos_share']:.2f} "
+                     f"| {cell['train_seconds']:.0f} |")
+    if results.get("probes"):
+        lines += ["", "Linear probe (class-balanced logistic regression on one layer's "
+                  "last-position state), best layer: " + ", ".join(
+                      f"N={n}: {max(v):.3f} (layer {v.index(max(v))})"
+                      for n, v in results["probes"].items())]
+    profile = results.get("machine", {}).get("profile", {})
+    lines += ["", f"Machine: {json.dumps(profile)}; forward "
+              f"{results.get('forward_seconds_per_prompt', '?')} s per prompt "
+              f"(mean {results['prompt_tokens_mean']} tokens)."]
+    return "\n".join(lines) + "\n"
+
+
 # -- driver --------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -285,7 +318,15 @@ def main(argv=None) -> int:
     ap.add_argument("--per-task", type=int, default=6, help="train episodes per pool task")
     ap.add_argument("--test-per-task", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--readme", action="store_true",
+                    help="at the end, write the results' table into benchmarks/README.md")
+    ap.add_argument("--table-only", action="store_true",
+                    help="only write the committed results' table into benchmarks/README.md")
     args = ap.parse_args(argv)
+    if args.table_only:
+        from common import write_readme_block
+        write_readme_block("judge-capacity-table", table(json.loads(RESULTS.read_text())))
+        return 0
 
     import torch
 
@@ -382,6 +423,9 @@ def main(argv=None) -> int:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         say(f"{key}: greedy {cell['heldout_bal_acc_greedy']:.3f}, T0.8 "
             f"{cell['heldout_bal_acc_t08']:.3f} ({cell['train_seconds']:.0f}s)")
+    if args.readme:
+        from common import write_readme_block
+        write_readme_block("judge-capacity-table", table(results))
     return 0
 
 
