@@ -6,6 +6,7 @@ openenv-core installed, the same episodes also run against its own server."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -196,12 +198,24 @@ def test_slow_garbage_and_full_servers_fail_in_one_line(url):
     try:
         holder = OpenenvEnv()
         holder.reset(task(small_url))
+        started = time.monotonic()  # full of our own sessions: no waiting for them
         with pytest.raises(RlanyError, match=r"refused the session \(CAPACITY_REACHED\).*"
                                              r"--batch-tasks x --n"):
-            OpenenvEnv().reset(task(small_url, timeout_s=0.3))
+            OpenenvEnv().reset(task(small_url))
+        assert time.monotonic() - started < 1
         holder.close()  # a freed session is given to the next episode
         other = OpenenvEnv()
         assert other.reset(task(small_url)).startswith("Guess")
+        other.close()
+        # full of another client's session: asked again until it frees up, counted
+        from websockets.sync.client import connect
+
+        client = contextlib.ExitStack()
+        client.enter_context(connect(small_url.replace("http", "ws") + "/ws"))
+        threading.Timer(0.3, client.close).start()
+        waiting = OpenenvEnv()
+        assert waiting.reset(task(small_url, timeout_s=5)).startswith("Guess")
+        assert waiting.retries >= 1 and waiting.step("1").info["session_retries"] >= 1
     finally:
         small.shutdown()
 
@@ -234,16 +248,22 @@ def test_an_ambiguous_action_schema_asks_for_action_field(url, monkeypatch):
         OpenenvEnv().reset(task(url))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("openenv") is None,
-                    reason="needs openenv-core (its own server)")
+# a Python with openenv-core installed (its install is heavy, so not in the dev extra)
+OPENENV_PY = os.environ.get("RLANY_OPENENV_PYTHON") or (
+    sys.executable if importlib.util.find_spec("openenv") else None)
+
+
+@pytest.mark.skipif(OPENENV_PY is None, reason="needs openenv-core (its own server): install "
+                    "it, or set RLANY_OPENENV_PYTHON to a Python that has it")
 def test_the_same_episodes_against_openenv_cores_own_server():  # pragma: no cover
     port = free_port()
-    proc = subprocess.Popen([sys.executable, SERVER, "--port", str(port), "--real",
+    proc = subprocess.Popen([OPENENV_PY, SERVER, "--port", str(port), "--real",
                              "--max-sessions", "1"])
     try:
         env = OpenenvEnv()
         spec = {"url": f"http://127.0.0.1:{port}", "reset": {"target": 3}, "timeout_s": 1}
-        for _ in range(100):
+        deadline = time.monotonic() + 300  # importing openenv-core takes a while (gradio)
+        while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
@@ -253,7 +273,11 @@ def test_the_same_episodes_against_openenv_cores_own_server():  # pragma: no cov
             "Guess a number")
         with pytest.raises(RlanyError, match="CAPACITY_REACHED"):
             OpenenvEnv().reset(Task(task_id="r", env="openenv", prompt="", spec=spec))
-        assert env.step("3").success
+        assert env.step("2").info == {"reward": 0.0, "return": 0.0}
+        env.spec = {**spec, "action_json": True}  # pydantic refuses it on the server
+        r = env.step('{"guess": "x"}')
+        assert r.info["rejected"].startswith("VALIDATION_ERROR: Invalid message (guess: ")
+        assert env.step('{"guess": 3}').success
     finally:
         proc.terminate()
         proc.wait()

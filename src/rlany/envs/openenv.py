@@ -38,10 +38,11 @@ numbers themselves).
 Failures are one line, never a hang: a server that is down fails the episode at reset
 ("cannot reach the server at URL"; later episodes for 10 s fail at once without waiting);
 one that does not answer within timeout_s, or answers with something that is not an
-OpenEnv message, fails the episode at that step. A server at its session limit
-(max_concurrent_envs) is asked again for up to timeout_s (sessions closed a moment ago free
-up), counted in the first step's info["session_retries"]; rollout holds one session per live
-episode (--batch-tasks x --n), so give the server at least that many.
+OpenEnv message, fails the episode at that step. Rollout holds one session per live
+episode (--batch-tasks x --n), so give the server (max_concurrent_envs) at least that many:
+a server full of this process's own sessions fails the episode at once (they end with the
+batch); one full of other clients' is asked again for up to timeout_s, counted in the first
+step's info["session_retries"].
 
 `rlany envs make-tasks openenv --knob url=URL` (or --knob command=... --knob port=N; knob
 `spec` a JSON object of other spec keys, `prefix`, `prompt`): n episodes of that server,
@@ -103,12 +104,15 @@ class OpenenvEnv:
                 break
             except wire.ServerError as e:
                 self.close()
-                if e.code != "CAPACITY_REACHED" or time.monotonic() > deadline:
-                    raise _once(f"openenv: the server at {wire.http_base(url)} refused the "
-                                f"session ({e.code}): {e.message}" +
-                                ("; run fewer episodes at once (--batch-tasks x --n) or raise "
-                                 "its max_concurrent_envs" if e.code == "CAPACITY_REACHED"
-                                 else "")) from None
+                base = wire.http_base(url)
+                # full with sessions of this process: they end only after this batch
+                ours = e.code == "CAPACITY_REACHED" and wire.held.get(base, 0) > 0
+                if e.code != "CAPACITY_REACHED" or ours or time.monotonic() > deadline:
+                    raise _once(f"openenv: the server at {base} refused the session "
+                                f"({e.code}): {e.message}" +
+                                ("; this stage's episodes hold sessions there: run fewer at "
+                                 "once (--batch-tasks x --n) or raise its max_concurrent_envs"
+                                 if ours else "")) from None
                 self.retries += 1
                 time.sleep(min(0.05 * 2 ** self.retries, 1.0))
         if data.get("done"):

@@ -61,6 +61,7 @@ DOWN_S = 10.0  # after a failed connection, later episodes fail at once for this
 _started: dict[tuple, tuple[subprocess.Popen, object]] = {}
 _down: dict[str, tuple[float, str]] = {}
 _schemas: dict[str, dict] = {}
+held: dict[str, int] = {}  # server -> sessions this process holds open
 
 
 def http_base(url: str) -> str:
@@ -105,6 +106,8 @@ class Session:
             _down[self.url] = (time.monotonic(), why)
             raise RlanyError(why) from None
         _down.pop(self.url, None)
+        held[self.url] = held.get(self.url, 0) + 1
+        self.open = True
 
     def call(self, message: dict, what: str) -> dict:
         """Send one message, return the `data` of the server's observation answer."""
@@ -151,6 +154,8 @@ class Session:
         except Exception:  # already closed: nothing to say goodbye to
             pass
         self._stack.close()
+        if self.open:
+            self.open, held[self.url] = False, held[self.url] - 1
 
 
 def action_schema(url: str, timeout_s: float) -> dict:
