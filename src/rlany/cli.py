@@ -276,6 +276,7 @@ def _excluding(make, exclude: str, n: int, kwargs: dict) -> tuple[list, Any]:
     "rlany envs make-tasks reasoning --n 32 --seed 0 -o tasks.jsonl",
     "rlany envs make-tasks reasoning --n 8 --seed 1 --knob digits=2 --split eval -o eval.jsonl",
     "rlany envs make-tasks miniwob --n 16 --seed 0 --knob screens=none -o web.jsonl",
+    "rlany envs make-tasks openenv --n 16 --seed 0 --knob url=http://127.0.0.1:8000 -o oe.jsonl",
     "rlany envs make-tasks reasoning --n 32 --seed 2 --split eval --exclude tasks.jsonl "
     "-o heldout.jsonl"))
 def envs_make_tasks(

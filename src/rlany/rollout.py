@@ -55,7 +55,7 @@ class EpisodeFields(EngineFields):
                                     "prompt (default: all).", min=0)
     constrain_actions: bool = opt(False, "Decode every response as exactly one of the env's "
                                   "admissible actions (envs with choices(): household, "
-                                  "alfworld, miniwob; engines vllm, hf, fake).")
+                                  "alfworld, miniwob, openenv; engines vllm, hf, fake).")
 
 
 @dataclass(frozen=True, kw_only=True)

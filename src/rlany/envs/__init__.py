@@ -97,6 +97,7 @@ BUILTIN = {
     "coding": "rlany.envs.coding:CodingEnv",
     "alfworld": "rlany.envs.alfworld:AlfworldEnv",
     "miniwob": "rlany.envs.miniwob:MiniwobEnv",
+    "openenv": "rlany.envs.openenv:OpenenvEnv",
 }
 _registered: dict[str, Callable[[], Environment]] = {}
 
