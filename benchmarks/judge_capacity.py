@@ -300,7 +300,9 @@ def table(results: dict) -> str:
     profile = results.get("machine", {}).get("profile", {})
     lines += ["", f"Machine: {json.dumps(profile)}; forward "
               f"{results.get('forward_seconds_per_prompt', '?')} s per prompt "
-              f"(mean {results['prompt_tokens_mean']} tokens)."]
+              f"(mean {results['prompt_tokens_mean']} tokens"
+              + (f"; {results['forward_note']}" if results.get("forward_note") else "")
+              + "). One seed."]
     return "\n".join(lines) + "\n"
 
 

@@ -86,13 +86,15 @@ class TrainRmOptions(TrainOptions):
                     "fine-tuning wants ~1e-6).", min=0, min_exclusive=True)
     max_len: int = opt(1536, "Longest judge prompt+output in tokens; longer samples are "
                        "dropped whole (judge prompts are longer than the policy's).", min=2)
-    objective: str = opt("pg", "pg: PPO on each kept sampled judge output, weighted by its "
-                         "consistency advantage (the reference implementation's estimator). "
-                         "expected / logloss (a judge run with --max-tokens 0): every step "
-                         "with reward-model data once, the verdict's exact expected "
+    objective: str = opt("auto", "expected / logloss (a judge run with --max-tokens 0): every "
+                         "step with reward-model data once, the verdict's exact expected "
                          "consistency reward R*E[v] / the log-likelihood of the verdict that "
-                         "agrees with R, on the verdict token alone (stages/train-rm/README.md).",
-                         choices=("pg", "expected", "logloss"))
+                         "agrees with R, on the verdict token alone. pg: PPO on each kept "
+                         "sampled judge output (reasoning and verdict), weighted by its "
+                         "consistency advantage (the reference implementation's estimator). "
+                         "auto: expected where the judge gave bare verdicts, else pg "
+                         "(stages/train-rm/README.md).",
+                         choices=("auto", "expected", "logloss", "pg"))
     balance: bool = opt(True, "expected / logloss: weigh the steps with R > 0 and those with "
                         "R < 0 equally in total, so a bias toward the common verdict cannot "
                         "meet the objective.")
@@ -147,6 +149,8 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
     if opts.adapter and not opts.full:
         check_adapter(opts.adapter)
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
+    if kind == "rm" and opts.objective == "auto":
+        opts = replace(opts, objective=_auto_objective(path, opts.input))
     verdicts = kind == "rm" and opts.objective != "pg"
     if kind == "sft":
         records, label, hint = (Trajectory, "trajectories"), "sft", (
@@ -228,6 +232,23 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
     say(f"{label}: {summary['steps']} optimizer steps -> {opts.output} "
         f"({time.time() - started:.1f}s)")
     return summary
+
+
+def _auto_objective(path, name: str) -> str:
+    """train-rm --objective auto: "expected" (rlany.verdict) where the steps with
+    reward-model data were judged with bare verdicts (`judge --max-tokens 0`), else "pg"."""
+    from rlany.jsonl import JsonlReader
+    from rlany.prompts import VERDICT_CHOICES
+    from rlany.records import Scored
+
+    bare = None
+    for _, record in JsonlReader(path, Scored, "scored", name=name):
+        for step in record.steps:
+            if step.rm_target is not None and step.judge:
+                if any(j.text not in VERDICT_CHOICES for j in step.judge):
+                    return "pg"
+                bare = True
+    return "expected" if bare else "pg"
 
 
 def _can_borrow(engine, base: str, opts: TrainFields) -> bool:
