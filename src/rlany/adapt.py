@@ -333,7 +333,7 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     """Accept/reject pending candidates, then propose new ones; write pool + candidates."""
     from rlany import envs
     from rlany.console import info
-    from rlany.jsonl import AtomicJsonl, write_meta
+    from rlany.jsonl import atomic_outputs, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,
@@ -371,13 +371,12 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
         propose(new_pool, stats, critiques, engine, envs.make_env, opts)
         if targets else ([], [], {}))
     accepted = sum(d["accepted"] for d in decisions)
-    with AtomicJsonl(opts.candidates) as out:
-        out.write_all(candidates)
-    if decisions_out:
-        with AtomicJsonl(decisions_out) as out:
-            out.write_all([{"kind": "decision", **d} for d in decisions] +
+    # the three files commit together: a failure in any leaves all three as they were
+    with atomic_outputs(opts.candidates, decisions_out, opts.output) as (cands, dec, out):
+        cands.write_all(candidates)
+        if dec:
+            dec.write_all([{"kind": "decision", **d} for d in decisions] +
                           [{"kind": "rewrite_rejected", **r} for r in rejections])
-    with AtomicJsonl(opts.output) as out:
         out.write_all(new_pool)
     counts = {"pool": len(new_pool), "pending": len(pending_tasks), "accepted": accepted,
               "rejected": len(decisions) - accepted, "targets": len(targets),

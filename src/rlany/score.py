@@ -50,7 +50,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -336,7 +335,7 @@ def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
 def run(opts: ScoreOptions, engine: object = None) -> dict:
     """Stream trajectories (+ judgments) one task group at a time; write scored + stats."""
     from rlany.console import info
-    from rlany.jsonl import AtomicJsonl, JsonlReader, write_meta
+    from rlany.jsonl import JsonlReader, atomic_outputs, write_meta
     from rlany.stageio import prepare_paths
 
     started = time.time()
@@ -354,8 +353,7 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
               "policy_samples": 0, "rm_samples": 0}
     acc_sum = agree_sum = 0.0
     agree_n = 0
-    with AtomicJsonl(opts.output) as out, \
-            (AtomicJsonl(stats) if stats else nullcontext()) as st:
+    with atomic_outputs(opts.output, stats) as (out, st):  # both files, or neither
         for scored, task_stats in score_stream(traj_reader, judge_reader, opts):
             out.write_all(scored)
             if st:

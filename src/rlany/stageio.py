@@ -91,9 +91,89 @@ def sha256_file(path: str | Path) -> str:
 
 
 def check_adapter(adapter: str | None, flag: str = "--adapter") -> None:
-    if adapter and not (Path(adapter) / "adapter_config.json").exists():
+    """A LoRA adapter directory that an engine or the trainer can load, checked before
+    either starts: adapter_config.json a LoRA config with a positive integer rank and
+    target modules, the weights present and readable (safetensors: the header and each
+    lora_A/lora_B tensor's rank), and rlany.json, where there is one, valid JSON. Anything
+    else is one line naming the flag and the directory."""
+    if not adapter:
+        return
+    d = Path(adapter)
+    config_file = d / "adapter_config.json"
+    if not config_file.is_file():
         raise RlanyError(f"{flag}: not a LoRA adapter directory (no adapter_config.json)",
                          where=adapter)
+    config = _json_file(config_file, flag)
+    rank = config.get("r") if isinstance(config, dict) else None
+    targets = config.get("target_modules") if isinstance(config, dict) else None
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise RlanyError(f"{flag}: adapter_config.json is not a LoRA config", where=adapter)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise RlanyError(f"{flag}: adapter_config.json 'r' must be a positive integer, got "
+                         f"{rank!r}", where=adapter)
+    if not (isinstance(targets, str) or (isinstance(targets, list) and targets and all(
+            isinstance(t, str) for t in targets))):
+        raise RlanyError(f"{flag}: adapter_config.json 'target_modules' must be a string or "
+                         "a list of strings", where=adapter)
+    if (d / "rlany.json").exists():
+        _json_file(d / "rlany.json", flag)
+    weights = d / "adapter_model.safetensors"
+    if not weights.is_file():
+        if (d / "adapter_model.bin").is_file():
+            return  # a pickled adapter: only loading it can tell
+        raise RlanyError(f"{flag}: no adapter weights (adapter_model.safetensors)",
+                         where=adapter)
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for a damaged file
+        raise RlanyError(f"{flag}: adapter weights are unreadable ({type(e).__name__}: "
+                         f"{str(e)[:120]})", where=str(weights)) from None
+    patterns = config.get("rank_pattern") or {}
+    for key, shape in shapes.items():
+        lora = ".lora_A." in key and (shape[0] if shape else None) or \
+            ".lora_B." in key and (shape[-1] if shape else None)
+        if lora and not patterns and lora != rank:
+            raise RlanyError(f"{flag}: tensor {key} has rank {lora}, adapter_config.json says "
+                             f"r = {rank}", where=str(weights))
+    if not any(".lora_A." in k for k in shapes):
+        raise RlanyError(f"{flag}: the adapter weights hold no LoRA tensors", where=str(weights))
+
+
+def _json_file(path: Path, flag: str) -> Any:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise RlanyError(f"{flag}: {path.name} is not valid JSON ({e})",
+                         where=str(path.parent)) from None
+
+
+def check_lora_targets(model: str, target_modules: str, flag: str = "--target-modules") -> None:
+    """Refuse LoRA target modules that match no module of `model` (a local model directory)
+    before its weights load: the model is built on the meta device from its config."""
+    if target_modules == "all-linear" or not (Path(model) / "config.json").is_file():
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+        with torch.device("meta"):
+            net = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # loading the model reports what is wrong with it
+    names = [n for n, _ in net.named_modules()]
+    wanted = [t.strip() for t in target_modules.split(",") if t.strip()]
+    missing = [t for t in wanted if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in net.named_modules()
+                         if isinstance(m, torch.nn.Linear)})
+        raise UsageError(f"{flag}: {', '.join(missing)} match(es) no module of the model",
+                         hint=f"its linear layers: {', '.join(leaves)}; or all-linear")
 
 
 def start_engine(opts: Any):
@@ -135,27 +215,48 @@ def engine_flags(opts: Any, engine: Any) -> dict:
 
 
 def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
-    """Usage errors before anything is read or written: an output that names an input
-    file (writing it would destroy the input), two outputs naming one file, or more than
-    one input or output on stdin/stdout. Keys are the flags, for the message."""
-    def real(p: str) -> str:
-        return os.path.realpath(p)
+    """Usage errors before anything is read or written: an output that is not a regular
+    file (`jsonl.check_target`: a device, a FIFO, a directory), an output (or its
+    `.meta.json` sidecar) that names an input file or an input's sidecar (writing it would
+    destroy the input or its provenance), two outputs naming one file, or more than one
+    input or output on stdin/stdout. The same file under two names (a symlink, a hard
+    link) counts as one. Keys are the flags, for the message."""
+    from rlany.jsonl import check_target, meta_path
 
     for group, what in ((inputs, "stdin"), (outputs, "stdout")):
         dashes = [flag for flag, p in group.items() if p == "-"]
         if len(dashes) > 1:
             raise UsageError(f"{' and '.join(dashes)} both use {what} (-); at most one can")
-    seen: dict[str, str] = {}
+    seen: dict[Any, str] = {}
+
+    def keys(p: str | Path) -> list:
+        out: list = [os.path.realpath(p)]
+        try:
+            st = os.stat(p)
+            out.append((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+        return out
+
     for flag, p in inputs.items():
         if p and p != "-":
-            seen.setdefault(real(p), flag)
+            for path, label in ((p, flag), (meta_path(p), f"{flag}'s sidecar")):
+                for key in keys(path):
+                    seen.setdefault(key, label)
     for flag, p in outputs.items():
         if not p or p == "-":
             continue
-        if real(p) in seen:
-            raise UsageError(f"{flag} {p} is also {seen[real(p)]}: writing it would destroy "
-                             "that file; choose another output")
-        seen[real(p)] = flag
+        try:
+            check_target(p)
+        except RlanyError as e:
+            raise UsageError(f"{flag} {p}: {e.message}", hint=e.hint) from None
+        for path, label in ((p, flag), (meta_path(p), f"{flag}'s sidecar")):
+            for key in keys(path):
+                if key in seen:
+                    raise UsageError(f"{label} {path} is also {seen[key]}: writing it would "
+                                     "destroy that file; choose another output")
+            for key in keys(path):
+                seen[key] = label
 
 
 def spool_input(path: str) -> tuple[str, str]:
@@ -170,6 +271,8 @@ def spool_input(path: str) -> tuple[str, str]:
             return path, path  # the reader reports a missing file with its name
     import atexit
 
+    if path == "-" and sys.stdin is None:
+        raise RlanyError("stdin is closed", where="<stdin>")
     fd, tmp = tempfile.mkstemp(prefix="rlany-stdin.", suffix=".jsonl")
     with os.fdopen(fd, "wb") as f:
         if path == "-":

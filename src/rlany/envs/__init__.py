@@ -125,6 +125,15 @@ def factory(name: str) -> Callable[[], Environment]:
     raise RlanyError(f"unknown environment '{name}'", hint=f"known: {', '.join(names())}")
 
 
+def check_knob(name: str, value: float, low: float, high: float | None = None) -> None:
+    """A task generator's bounds on one knob: `low <= value (<= high)`, else an RlanyError
+    naming the knob (`rlany envs make-tasks` reports it as a usage error of --knob)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
+            high is not None and value > high):
+        bounds = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+        raise RlanyError(f"{name} must be {bounds}, got {value!r}")
+
+
 def make_env(name: str) -> Environment:
     return factory(name)()
 
