@@ -336,7 +336,9 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     from rlany.jsonl import atomic_outputs, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
+        check_adapt_inputs,
         check_adapter,
+        judged_tasks,
         prepare_paths,
         read_stats,
         read_tasks,
@@ -354,12 +356,23 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
          "--decisions": decisions_out})
     # every input fails before the engine starts
     pool, pool_reader = read_tasks(paths["--input"], name=opts.input)
-    stats = read_stats(paths["--stats"], name=opts.stats)
-    inputs: list = [pool_reader, {"path": opts.stats, "sha256": sha256_file(paths["--stats"])}]
     pending_tasks: list = []
     if opts.pending:
         pending_tasks, pending_reader = read_tasks(paths["--pending"], allow_empty=True,
                                                      name=opts.pending, check=check_candidate)
+    # the stats and judgments must be of this pool (and its pending candidates), from one
+    # rollout: another pool's would otherwise change nothing, silently
+    stats = read_stats(paths["--stats"], name=opts.stats,
+                       tasks={t.task_id for t in pool + pending_tasks})
+    check_adapt_inputs(paths["--stats"], paths["--judgments"], (opts.stats, opts.judgments))
+    if opts.judgments:
+        for task_id, where in judged_tasks(paths["--judgments"], opts.judgments).items():
+            if task_id not in stats:
+                raise RlanyError(f"judgments of task '{task_id}', which has no stats in "
+                                 f"{opts.stats}: these judgments come from another rollout",
+                                 where=where)
+    inputs: list = [pool_reader, {"path": opts.stats, "sha256": sha256_file(paths["--stats"])}]
+    if opts.pending:
         inputs.append(pending_reader)
     new_pool, decisions = decide(pool, pending_tasks, stats, opts)
     targets = {t.task_id for t in new_pool

@@ -98,6 +98,10 @@ class JsonlReader(Generic[R]):
         return self._hash.hexdigest() if self.path != "-" else None
 
     def __iter__(self) -> Iterator[tuple[str, R]]:
+        # each pass describes what it read: a stage that reads its input twice (judge
+        # checks the groups first) records the file's digest, not the digest of two copies
+        self.count = 0
+        self._hash = hashlib.sha256()
         stream: IO[bytes]
         if self.path == "-":
             if sys.stdin is None:

@@ -76,14 +76,17 @@ def _json(text: str, where: str):
 
 
 def _eval(path: Path) -> dict:
-    """An eval.json as the report reads it: success_rate in [0, 1], trajectories >= 0."""
+    """An eval.json as the report reads it: success_rate in [0, 1]; where present,
+    trajectories an integer >= 0 and success_ci95 two numbers."""
     data = _json(_text(path), str(path))
-    rate, n = (data.get("success_rate"), data.get("trajectories")) if isinstance(
-        data, dict) else (None, None)
-    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate <= 1 \
-            or not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise RlanyError("not an eval summary (success_rate in [0, 1], trajectories >= 0)",
-                         where=str(path))
+    ok = isinstance(data, dict) and _number(data.get("success_rate")) and \
+        0 <= data["success_rate"] <= 1
+    n, ci = (data.get("trajectories"), data.get("success_ci95")) if ok else (None, None)
+    ok = ok and (n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 0)) \
+        and (ci is None or (isinstance(ci, list) and len(ci) == 2 and all(map(_number, ci))))
+    if not ok:
+        raise RlanyError("not an eval summary (success_rate in [0, 1], trajectories >= 0, "
+                         "success_ci95 two numbers)", where=str(path))
     return data
 
 

@@ -336,12 +336,14 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
     """Stream trajectories (+ judgments) one task group at a time; write scored + stats."""
     from rlany.console import info
     from rlany.jsonl import JsonlReader, atomic_outputs, write_meta
-    from rlany.stageio import prepare_paths
+    from rlany.stageio import check_judged, prepare_paths
 
     started = time.time()
     stats = opts.stats_path
     paths = prepare_paths({"--input": opts.input, "--judgments": opts.judgments},
                           {"--output": opts.output, "--stats": stats})
+    if opts.judgments:  # judgments of another rollout are refused before anything is read
+        check_judged(paths["--input"], paths["--judgments"], (opts.input, opts.judgments))
     # without --judgments the input may be `judge -o -`'s stream: each task's trajectories,
     # then their judgments (a plain trajectories file is that stream with no judgments)
     traj_reader = JsonlReader(paths["--input"], Trajectory if opts.judgments else

@@ -51,7 +51,8 @@ def begin_generation(opts: Any, outputs: dict[str, str | None], engine: Any = No
 
 def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = None,
                check: Callable[[Any], None] | None = None):
-    """All tasks of a file (a task pool is small), with env names and unique ids checked.
+    """All tasks of a file (a task pool is small), with env names, unique ids and each
+    spec checked by its env's own `validate` (`envs.spec_problems`).
     `allow_empty` for candidate files: an iteration may propose no candidate at all.
     `check(task)`: a stage's own rule; the RlanyError it raises is reported at the line."""
     from rlany import envs
@@ -60,6 +61,7 @@ def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = N
     reader = JsonlReader(path, Task, "tasks", allow_empty=allow_empty, name=name)
     tasks, seen = [], set()
     known = envs.names()
+    checkers: dict = {}  # env name -> one env object whose validate checks every spec
     for where, task in reader:
         if task.env not in known:
             raise RlanyError(f"unknown environment '{task.env}'", where=where,
@@ -67,6 +69,12 @@ def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = N
         if task.task_id in seen:
             raise RlanyError(f"duplicate task_id '{task.task_id}'", where=where)
         seen.add(task.task_id)
+        if task.env not in checkers:
+            checkers[task.env] = envs.make_env(task.env)
+        problems = envs.spec_problems(checkers[task.env], task.spec)
+        if problems:  # a task its env cannot grade would be scored -1 whatever the answer
+            raise RlanyError(f"the {task.env} env refuses this task's spec: "
+                             + "; ".join(problems), where=where)
         if check is not None:
             try:
                 check(task)
@@ -76,10 +84,94 @@ def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = N
     return tasks, reader
 
 
-def read_stats(path: str | Path, name: str | None = None) -> dict:
+def read_stats(path: str | Path, name: str | None = None,
+               tasks: set[str] | None = None) -> dict:
+    """Task stats by task id, each once; with `tasks`, every id must be one of them (stats
+    of another pool are refused at their line, never silently ignored)."""
     from rlany.records import TaskStats
 
-    return {s.task_id: s for _, s in JsonlReader(path, TaskStats, "task stats", name=name)}
+    stats: dict = {}
+    for where, s in JsonlReader(path, TaskStats, "task stats", name=name):
+        if s.task_id in stats:
+            raise RlanyError(f"duplicate task_id '{s.task_id}'", where=where)
+        if tasks is not None and s.task_id not in tasks:
+            raise RlanyError(f"stats of task '{s.task_id}', which is neither in the pool nor "
+                             "pending: these stats come from another pool", where=where,
+                             hint="give the task_stats.jsonl of a rollout of this pool")
+        stats[s.task_id] = s
+    return stats
+
+
+# -- provenance: do two inputs come from the same run? ------------------------------------
+
+def sidecar(path: str | Path) -> dict | None:
+    """The `.meta.json` of an input (None: hand-made data, or stdin)."""
+    import json
+
+    from rlany.jsonl import meta_path
+
+    meta = meta_path(path)
+    if str(path) == "-" or not meta.is_file():
+        return None
+    try:
+        data = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise RlanyError("unreadable sidecar metadata", where=str(meta)) from None
+    return data if isinstance(data, dict) else None
+
+
+def _source(meta: dict | None, stage: str, index: int = 0) -> str | None:
+    """The sha256 of input `index` that a `stage` sidecar records (None where unknown)."""
+    if not meta or meta.get("stage") != stage:
+        return None
+    inputs = meta.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) <= index or not isinstance(
+            inputs[index], dict):
+        return None
+    sha = inputs[index].get("sha256")
+    return sha if isinstance(sha, str) else None
+
+
+def check_judged(trajectories: str, judgments: str, names: tuple[str, str]) -> None:
+    """Judgments whose sidecar names the trajectories they were made from must name this
+    trajectories file (by content digest). Without a sidecar, `pairing.check_judgment`
+    still compares each judgment's responses digest with its trajectory's."""
+    judged = _source(sidecar(judgments), "judge")
+    if judged is not None and judged != sha256_file(trajectories):
+        raise RlanyError(f"these judgments were made from another trajectories file "
+                         f"(sha256 {judged[:12]}), not from {names[0]}", where=names[1],
+                         hint="judge these trajectories, or give this rollout's judgments")
+
+
+def check_adapt_inputs(stats: str, judgments: str | None, names: tuple[str, str | None]
+                       ) -> None:
+    """adapt-tasks' stats and judgments must come from one rollout: where both sidecars
+    say, the trajectories they were made from are the same file, and the judgments are the
+    ones those stats were scored with."""
+    stats_meta = sidecar(stats)
+    if judgments is None or stats_meta is None:
+        return
+    scored_from = _source(stats_meta, "score")
+    judged_from = _source(sidecar(judgments), "judge")
+    if scored_from and judged_from and scored_from != judged_from:
+        raise RlanyError("the task stats and the judgments come from different rollouts "
+                         f"(trajectories sha256 {scored_from[:12]} vs {judged_from[:12]})",
+                         where=names[1], hint="give the judgments of the rollout the stats "
+                         "were scored from")
+    scored_with = _source(stats_meta, "score", 1)
+    if scored_with and scored_with != sha256_file(judgments):
+        raise RlanyError(f"{names[0]} was scored with other judgments than this file",
+                         where=names[1], hint="give the judgments the stats were scored with")
+
+
+def judged_tasks(judgments: str, name: str | None) -> dict[str, str]:
+    """task id -> where it is first judged, for checking judgments against the stats."""
+    from rlany.records import Judgment
+
+    seen: dict[str, str] = {}
+    for where, j in JsonlReader(judgments, Judgment, "judgments", allow_empty=True, name=name):
+        seen.setdefault(j.task_id, where)
+    return seen
 
 
 def sha256_file(path: str | Path) -> str:
@@ -285,10 +377,14 @@ def spool_input(path: str) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def output_lock(path: str | Path) -> Iterator[None]:
+def output_lock(path: str | Path, new: bool = False,
+                busy: str = "another rlany process is writing this output; wait for it or "
+                "stop it") -> Iterator[None]:
     """Hold an exclusive lock on `path` while a stage writes it (a `.X.lock` file beside
     it, flock: released by the kernel when the process dies, so a killed stage never
-    leaves a stale lock). A second writer fails at once instead of interleaving."""
+    leaves a stale lock). A second writer fails at once (`busy`) instead of interleaving.
+    `new=True` (a checkpoint directory): `path` must still not exist once the lock is
+    held, so a writer that checked before another one finished cannot overwrite it."""
     if str(path) == "-":
         yield
         return
@@ -299,9 +395,11 @@ def output_lock(path: str | Path) -> Iterator[None]:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RlanyError("another rlany process is writing this output; wait for it "
-                             "or stop it", where=str(path)) from None
+            raise RlanyError(busy, where=str(path)) from None
         try:
+            if new and target.exists():
+                raise RlanyError("exists: another process finished it", where=str(path),
+                                 hint="choose another --output or delete it")
             yield
         finally:
             lock.unlink(missing_ok=True)
