@@ -206,7 +206,9 @@ def test_ablation_switches_change_what_runs(tmp_path, tiny_model):
     assert all(s["reward"] == t["outcome"] for t in scored for s in t["steps"])   # λ = 0
 
 
-def test_config_errors(tmp_path):
+def test_config_errors(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "t.jsonl", make_tasks(2, seed=0))
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\ntasks = "t.jsonl"\nlambda = 3\n')
     with pytest.raises(RlanyError, match="unknown key 'lambda'"):
@@ -223,7 +225,9 @@ def test_config_errors(tmp_path):
         load_config(str(bad))
 
 
-def test_set_overrides_a_table_or_top_level_key(tmp_path, cli):
+def test_set_overrides_a_table_or_top_level_key(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "t.jsonl", make_tasks(2, seed=0))
     config = tmp_path / "c.toml"
     config.write_text('name = "x"\ntasks = "t.jsonl"\n[train_policy]\nlr = 1e-5\n')
     cfg = load_config(str(config), sets=["train_policy.lr=3e-4", "eval_every = 5"])
@@ -238,9 +242,9 @@ def test_set_overrides_a_table_or_top_level_key(tmp_path, cli):
         assert e.value.exit_code == 2
     with pytest.raises(RlanyError, match="must be"):   # the same checks as the file's values
         load_config(str(config), sets=["rollout.n=0"])
-    r = cli("loop", str(config), "--set", "train_policy.lr=-1")  # checked as the file's values
-    assert r.returncode == 1 and "lr" in r.stderr and "Traceback" not in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    r = cli("loop", str(config), "--set", "train_policy.lr=-1", cwd=tmp_path)  # as the file's
+    assert r.returncode == 2 and "--set train_policy.lr=-1:" in r.stderr   # named, usage
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_report_writes_plots_and_tables(tmp_path, cli):

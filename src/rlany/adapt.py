@@ -333,10 +333,12 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     """Accept/reject pending candidates, then propose new ones; write pool + candidates."""
     from rlany import envs
     from rlany.console import info
-    from rlany.jsonl import AtomicJsonl, write_meta
+    from rlany.jsonl import atomic_outputs, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
+        check_adapt_inputs,
         check_adapter,
+        judged_tasks,
         prepare_paths,
         read_stats,
         read_tasks,
@@ -354,12 +356,23 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
          "--decisions": decisions_out})
     # every input fails before the engine starts
     pool, pool_reader = read_tasks(paths["--input"], name=opts.input)
-    stats = read_stats(paths["--stats"], name=opts.stats)
-    inputs: list = [pool_reader, {"path": opts.stats, "sha256": sha256_file(paths["--stats"])}]
     pending_tasks: list = []
     if opts.pending:
         pending_tasks, pending_reader = read_tasks(paths["--pending"], allow_empty=True,
                                                      name=opts.pending, check=check_candidate)
+    # the stats and judgments must be of this pool (and its pending candidates), from one
+    # rollout: another pool's would otherwise change nothing, silently
+    stats = read_stats(paths["--stats"], name=opts.stats,
+                       tasks={t.task_id for t in pool + pending_tasks})
+    check_adapt_inputs(paths["--stats"], paths["--judgments"], (opts.stats, opts.judgments))
+    if opts.judgments:
+        for task_id, where in judged_tasks(paths["--judgments"], opts.judgments).items():
+            if task_id not in stats:
+                raise RlanyError(f"judgments of task '{task_id}', which has no stats in "
+                                 f"{opts.stats}: these judgments come from another rollout",
+                                 where=where)
+    inputs: list = [pool_reader, {"path": opts.stats, "sha256": sha256_file(paths["--stats"])}]
+    if opts.pending:
         inputs.append(pending_reader)
     new_pool, decisions = decide(pool, pending_tasks, stats, opts)
     targets = {t.task_id for t in new_pool
@@ -371,13 +384,12 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
         propose(new_pool, stats, critiques, engine, envs.make_env, opts)
         if targets else ([], [], {}))
     accepted = sum(d["accepted"] for d in decisions)
-    with AtomicJsonl(opts.candidates) as out:
-        out.write_all(candidates)
-    if decisions_out:
-        with AtomicJsonl(decisions_out) as out:
-            out.write_all([{"kind": "decision", **d} for d in decisions] +
+    # the three files commit together: a failure in any leaves all three as they were
+    with atomic_outputs(opts.candidates, decisions_out, opts.output) as (cands, dec, out):
+        cands.write_all(candidates)
+        if dec:
+            dec.write_all([{"kind": "decision", **d} for d in decisions] +
                           [{"kind": "rewrite_rejected", **r} for r in rejections])
-    with AtomicJsonl(opts.output) as out:
         out.write_all(new_pool)
     counts = {"pool": len(new_pool), "pending": len(pending_tasks), "accepted": accepted,
               "rejected": len(decisions) - accepted, "targets": len(targets),

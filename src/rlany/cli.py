@@ -7,7 +7,9 @@ people on stderr, expected failures exit 1 with one line `file:line: what is wro
 
 from __future__ import annotations
 
+import errno
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from rlany.console import console, info
-from rlany.errors import RlanyError
+from rlany.errors import RlanyError, UsageError
 
 app = typer.Typer(
     help="rlany: RLAnything as Unix stages. A policy, a generative reward model and the "
@@ -247,29 +249,71 @@ def envs_show(name: Annotated[str, typer.Argument(help="Environment name.")]) ->
     print(inspect.getdoc(inspect.getmodule(f)) or inspect.getdoc(f) or name)
 
 
-def _excluding(make, exclude: str, n: int, kwargs: dict) -> tuple[list, Any]:
-    """The first n generated tasks whose spec is not in `exclude`'s tasks. A generator is
-    sequential per seed (its first k tasks do not depend on how many it makes), so drawing
-    more keeps the same prefix: doubled until n remain or 64 x n were drawn."""
-    import json as _json
+MAX_TASKS = 100_000  # a pool is read whole by every stage; more is a mistake, not a pool
+SPLITS = ("train", "eval")
 
-    from rlany.stageio import read_tasks
 
-    def key(task) -> str:
-        return _json.dumps(task.spec, sort_keys=True)
-
-    excluded, reader = read_tasks(exclude, name=exclude)
-    banned = {key(t) for t in excluded}
+def _excluding(make, banned: set[str], n: int, kwargs: dict) -> list:
+    """The first n generated tasks whose spec is not in `banned`. A generator is sequential
+    per seed (its first k tasks do not depend on how many it makes), so drawing more keeps
+    the same prefix: doubled until n remain or 64 x n (at most 4 x MAX_TASKS) were drawn."""
     drawn = n
     while True:
-        kept = [t for t in make(n=drawn, **kwargs) if key(t) not in banned]
-        if len(kept) >= n or drawn >= 64 * n:
+        kept = [t for t in make(n=drawn, **kwargs) if _spec_key(t) not in banned]
+        if len(kept) >= n or drawn >= min(64 * n, 4 * MAX_TASKS):
             break
-        drawn *= 2
+        drawn = min(drawn * 2, 64 * n, 4 * MAX_TASKS)
     if len(kept) < n:
-        raise RlanyError(f"only {len(kept)} of {drawn} generated tasks are not in {exclude}",
+        raise RlanyError(f"only {len(kept)} of {drawn} generated tasks are not in --exclude",
                          hint="ask for fewer tasks (--n) or change the knobs")
-    return kept[:n], reader
+    return kept[:n]
+
+
+def _spec_key(task) -> str:
+    import json as _json
+
+    return _json.dumps(task.spec, sort_keys=True)
+
+
+def _knobs(items: list[str], params: dict, name: str) -> dict:
+    """`--knob key=value` items -> keyword arguments of the env's generator: each key known
+    and given once, each value of its default's type (JSON for numbers and booleans, the
+    raw text for a string knob). Every mistake is a usage error naming the knob."""
+    import inspect
+    import json as _json
+
+    known = [k for k in params if k not in ("n", "seed", "split")]
+    knobs: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--knob must be key=value, got '{item}'")
+        if key not in known:
+            raise UsageError(f"--knob {key}: unknown knob for '{name}'",
+                             hint=f"known: {', '.join(known)}")
+        if key in knobs:
+            raise UsageError(f"--knob {key} is given twice; give each knob once")
+        default = params[key].default
+        try:
+            value = _json.loads(text)
+        except ValueError:
+            value = text
+        if isinstance(default, str) or default is None:
+            value = text  # a string knob takes the text as written ("10" stays "10")
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise UsageError(f"--knob {key} must be true or false, got '{text}'")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UsageError(f"--knob {key} must be an integer, got '{text}'")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UsageError(f"--knob {key} must be a number, got '{text}'")
+            value = float(value)
+        elif default is not inspect.Parameter.empty and not isinstance(value, type(default)):
+            raise UsageError(f"--knob {key} must be like {default!r}, got '{text}'")
+        knobs[key] = value
+    return knobs
 
 
 @envs_app.command("make-tasks", epilog=_example(
@@ -282,11 +326,12 @@ def _excluding(make, exclude: str, n: int, kwargs: dict) -> tuple[list, Any]:
 def envs_make_tasks(
     name: Annotated[str, typer.Argument(help="Environment name.")],
     output: OutputOpt = "-",
-    n: Annotated[int, typer.Option("--n", help="How many tasks.")] = 16,
+    n: Annotated[int, typer.Option("--n", help=f"How many tasks (1 to {MAX_TASKS:,}).")] = 16,
     seed: SeedOpt = 0,
     split: Annotated[str, typer.Option(help="train or eval.")] = "train",
     knob: Annotated[Optional[list[str]], typer.Option(
-        help="Environment knob as key=value (repeatable); see `rlany envs show NAME`.")] = None,
+        help="Environment knob as key=value (repeatable, each key once); see `rlany envs "
+        "show NAME`.")] = None,
     exclude: Annotated[Optional[str], typer.Option(
         help="A tasks JSONL: leave out every generated task whose spec equals one there "
         "(a held-out split that shares no problem with a training pool); the generator "
@@ -294,38 +339,38 @@ def envs_make_tasks(
 ) -> None:
     """Generate a tasks JSONL from an environment's generator (deterministic per seed)."""
     import inspect
-    import json as _json
 
     from rlany import envs
     from rlany.jsonl import AtomicJsonl, write_meta
+    from rlany.stageio import prepare_paths, read_tasks
 
     started = time.time()
     if n < 1:
-        raise RlanyError(f"--n must be >= 1, got {n}")
+        raise UsageError(f"--n must be >= 1, got {n}")
+    if n > MAX_TASKS:
+        raise UsageError(f"--n {n} is more than {MAX_TASKS:,} tasks", hint="a pool is read "
+                         "whole by every stage; make several files with different --seed")
+    if split not in SPLITS:
+        raise UsageError(f"--split must be one of {', '.join(SPLITS)}, got '{split}'")
     module = inspect.getmodule(envs.factory(name))
     make = getattr(module, "make_tasks", None)
     if make is None:
         raise RlanyError(f"environment '{name}' has no task generator")
-    knobs = {}
-    for item in knob or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise RlanyError(f"--knob must be key=value, got '{item}'")
-        try:
-            knobs[key] = _json.loads(value)
-        except ValueError:
-            knobs[key] = value
-    params = inspect.signature(make).parameters
-    unknown = [k for k in knobs if k not in params or k in ("n", "seed", "split")]
-    if unknown:
-        known = [p for p in params if p not in ("n", "seed", "split")]
-        raise RlanyError(f"unknown knob(s) {unknown} for '{name}'", hint=f"known: {known}")
+    knobs = _knobs(knob or [], dict(inspect.signature(make).parameters), name)
+    paths = prepare_paths({"--exclude": exclude}, {"--output": output})
     inputs = []
-    if exclude:
-        tasks, reader = _excluding(make, exclude, n, dict(seed=seed, split=split, **knobs))
-        inputs.append(reader)
-    else:
-        tasks = make(n=n, seed=seed, split=split, **knobs)
+    kwargs = dict(seed=seed, split=split, **knobs)
+    try:
+        if exclude:
+            excluded, reader = read_tasks(paths["--exclude"], name=exclude)
+            inputs.append(reader)
+            tasks = _excluding(make, {_spec_key(t) for t in excluded}, n, kwargs)
+        else:
+            tasks = make(n=n, **kwargs)
+    except RlanyError as e:  # the generator refused its knobs: the command line's fault
+        if e.where or "--exclude" in e.message:
+            raise
+        raise UsageError(f"--knob: {e.message}" if knobs else e.message, hint=e.hint) from None
     with AtomicJsonl(output) as out:
         out.write_all(tasks)
     write_meta(output, stage="envs make-tasks", inputs=inputs, started=started,
@@ -335,17 +380,68 @@ def envs_make_tasks(
     info(f"envs: {len(tasks)} {name} tasks -> {output}")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so it unwinds as an interrupt does: locks
+    released, temp files removed, partial outputs kept for a resume."""
+
+
+_OS_ERRORS = {  # errno -> (what, hint) for the machine's state, said once for every stage
+    errno.ENOSPC: ("no space left on the device", "free some space and rerun; the output "
+                   "was not replaced"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space and rerun; the output was not "
+                   "replaced"),
+    errno.EROFS: ("read-only file system", "write the output somewhere writable"),
+    errno.EACCES: ("permission denied", None),
+    errno.EPERM: ("operation not permitted", None),
+    errno.EPIPE: ("the reader of the output closed the pipe", None),
+    errno.EISDIR: ("is a directory", None),
+    errno.ENOTDIR: ("a parent of this path is a file, not a directory", None),
+    errno.EEXIST: ("already exists and is not a directory", None),
+    errno.ENAMETOOLONG: ("file name too long", None),
+}
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an OSError a user or the machine caused (a full disk, a read-only or
+    forbidden directory, a closed pipe): `path: what (hint)`."""
+    what, hint = _OS_ERRORS.get(e.errno, (e.strerror or type(e).__name__, None))
+    if e.filename is None:  # stdout: there is no output file to speak of
+        return RlanyError(what, where="<stdout>").one_line()
+    return RlanyError(what, where=str(e.filename), hint=hint).one_line()
+
+
+def _quiet_stdout() -> None:
+    """After stdout failed (closed pipe, full device), point it at /dev/null so the
+    interpreter's last flush cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, AttributeError, ValueError):
+        sys.stdout = None  # type: ignore[assignment]
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point. Exit codes: 0 done, 1 bad input (one line `file:line: what is
-    wrong`), 2 bad usage (one line), 130 interrupted. RLANY_DEBUG=1 shows tracebacks."""
+    """Console entry point. Exit codes: 0 done, 1 bad input or the machine's state (a full
+    disk, a read-only directory, a closed stream: one line `file:line: what is wrong`), 2
+    bad usage (one line), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 70 a bug.
+    RLANY_DEBUG=1 shows tracebacks."""
     import click
 
     # typer >= 0.2x vendors its own click (typer._click): its usage errors are not
     # click.UsageError. BadParameter is public; its base is the vendored UsageError.
     usage_errors = (click.UsageError, typer.BadParameter.__mro__[1])
     debug = bool(os.environ.get("RLANY_DEBUG"))
+    terminated, printed = [], False
+
+    def on_term(signum, frame):
+        terminated.append(signum)
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         code = app(args=argv, prog_name="rlany", standalone_mode=False)
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a full device or a closed pipe is reported here, not lost
     except usage_errors as e:
         ctx = getattr(e, "ctx", None)
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `rlany` / `rlany models`
@@ -358,18 +454,30 @@ def main(argv: list[str] | None = None) -> None:
         console.print(f"[red]usage error:[/] {escape(command)}: {escape(message)} (see "
                       f"{escape(command)} --help)", soft_wrap=True)
         code = 2
-    except (click.exceptions.Abort, typer.Abort):
-        console.print("[red]interrupted[/]")
-        code = 130
+    except (click.exceptions.Abort, typer.Abort, KeyboardInterrupt):
+        console.print("[red]terminated[/]" if terminated else "[red]interrupted[/]")
+        code, printed = (143 if terminated else 130), True
     except RlanyError as e:
         if debug:
             raise
         label = "usage error" if e.exit_code == 2 else "error"
         console.print(f"[red]{label}:[/] {escape(e.one_line())}", soft_wrap=True)
         code = e.exit_code
-    except KeyboardInterrupt:
-        console.print("[red]interrupted[/]")
-        code = 130
+    except SystemExit as e:
+        if type(sys.stdout).__name__ != "PacifyFlushWrapper":
+            raise
+        # click's answer to a closed pipe on stdout (`rlany ... | head`): it exits 1
+        # silently; say it in one line like every other failure
+        console.print("[red]error:[/] <stdout>: the reader of the output closed the pipe",
+                      soft_wrap=True)
+        code = e.code
+    except OSError as e:  # the machine's state or a path the user gave: never a bug report
+        if debug:
+            raise
+        if e.filename is None:  # a write to stdout (a full device)
+            _quiet_stdout()
+        console.print(f"[red]error:[/] {escape(os_error_line(e))}", soft_wrap=True)
+        code = 1
     except Exception as e:  # a bug: one line unless asked, never a wall of text
         if debug:
             raise
@@ -377,4 +485,22 @@ def main(argv: list[str] | None = None) -> None:
                       "(rerun with RLANY_DEBUG=1 for the traceback and report it)",
                       soft_wrap=True)
         code = 70
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code == 130 and not printed:  # typer turns an interrupt into its exit code 130
+        console.print("[red]terminated[/]" if terminated else "[red]interrupted[/]")
+        code = 143 if terminated else 130
+    if code in (130, 143):
+        # stop now: exit handlers run (temp copies of stdin removed), but worker threads
+        # still blocked on a server or a file are not waited for
+        import atexit
+
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        atexit._run_exitfuncs()
+        os._exit(code)
     sys.exit(code if isinstance(code, int) else 0)

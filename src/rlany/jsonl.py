@@ -11,6 +11,9 @@
   `-` streams groups to stdout as they complete (a pipe cannot resume).
 * `write_meta` writes `X.meta.json` (schema version, flags, inputs with sha256, counts, wall
   time, versions). It is written after the data, so "meta exists" means "output complete".
+* `check_target` is the one rule every writer here applies: an output only ever replaces a
+  regular file (or creates a new one), never a device, a FIFO, a socket or a directory.
+  `atomic_outputs` commits several files together: all or none.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import json
 import os
 import platform
 import re
+import stat
 import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
@@ -93,8 +98,14 @@ class JsonlReader(Generic[R]):
         return self._hash.hexdigest() if self.path != "-" else None
 
     def __iter__(self) -> Iterator[tuple[str, R]]:
+        # each pass describes what it read: a stage that reads its input twice (judge
+        # checks the groups first) records the file's digest, not the digest of two copies
+        self.count = 0
+        self._hash = hashlib.sha256()
         stream: IO[bytes]
         if self.path == "-":
+            if sys.stdin is None:
+                raise RlanyError("stdin is closed", where=self.name)
             stream = sys.stdin.buffer
         else:
             try:
@@ -203,29 +214,59 @@ def check_schema_version(path: Path) -> None:
             where=str(meta), hint="regenerate the file with this version of rlany")
 
 
+def check_target(path: str | Path) -> None:
+    """The rule every output obeys (the atomic writers, the resumable writer and the
+    stages' output checks all call this): an output may be a new file or replace a regular
+    file; a device, a FIFO, a socket or a directory at that path is never replaced (as
+    root, replacing `/dev/null` would break the machine). Symlinks are followed: a link to
+    a regular file is replaced by the new file, its target left as it was."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise RlanyError("a parent of this path is a file, not a directory",
+                         where=str(path)) from None
+    except OSError:
+        return  # unreadable: the write itself reports it
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)"
+            if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket"
+            if stat.S_ISSOCK(mode) else "not a regular file")
+    raise RlanyError(f"output is {kind}: rlany only replaces regular files", where=str(path),
+                     hint=None if stat.S_ISDIR(mode) else
+                     "write to stdout with -o - and redirect it there")
+
+
 class AtomicJsonl:
     """Write records to `path` atomically (temp file + rename); `-` means stdout.
 
     Lines are written by `jsonlines.Writer` with this module's canonical `dumps` (records
     converted, no NaN/inf, UTF-8 kept). Reading stays hand-written (`JsonlReader`): it must
     hash the bytes as it streams, cap a line's length and name `file:line` in every error,
-    which jsonlines' reader does not do together."""
+    which jsonlines' reader does not do together. Any failure (a full disk at the last
+    flush included) removes the temp file and leaves `path` as it was. `defer=True`: the
+    data is synced on exit but renamed into place only by `commit()` (`atomic_outputs`)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, defer: bool = False):
         self.path = str(path)
         self.count = 0
+        self.defer = defer
         self._tmp: str | None = None
         self._out: IO[str] | None = None
         self._writer: jsonlines.Writer | None = None
 
     def __enter__(self) -> AtomicJsonl:
         if self.path == "-":
+            if sys.stdout is None:
+                raise RlanyError("stdout is closed", where="-")
             self._out = sys.stdout
             self._writer = jsonlines.Writer(self._out, dumps=dumps)
             return self
         target = Path(self.path)
-        if target.is_dir():
-            raise RlanyError("output is a directory", where=self.path)
+        check_target(target)
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(target)
         fd, self._tmp = tempfile.mkstemp(dir=target.parent,
@@ -246,16 +287,60 @@ class AtomicJsonl:
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self._out is not None
         if self.path == "-":
-            self._out.flush()
+            if exc_type is None:
+                self._out.flush()
             return
-        if exc_type is None:
-            self._out.flush()
-            os.fsync(self._out.fileno())
+        try:
+            if exc_type is None:
+                self._out.flush()
+                os.fsync(self._out.fileno())
             self._out.close()
+            if exc_type is None and not self.defer:
+                self.commit()
+        except BaseException:
+            self.abort()
+            raise
+        if exc_type is not None:
+            self.abort()
+
+    def commit(self) -> None:
+        """Rename the synced temp file into place (the writer has exited)."""
+        if self._tmp is not None:
+            check_target(self.path)
             os.replace(self._tmp, self.path)
-        else:
-            self._out.close()
-            os.unlink(self._tmp)
+            self._tmp = None
+
+    def abort(self) -> None:
+        if self._out is not None and not self._out.closed:
+            try:
+                self._out.close()
+            except OSError:
+                pass  # the data is being dropped; what failed was reported already
+        if self._tmp is not None:
+            Path(self._tmp).unlink(missing_ok=True)
+            self._tmp = None
+
+
+@contextmanager
+def atomic_outputs(*paths: str | Path | None) -> Iterator[list[AtomicJsonl | None]]:
+    """Several outputs of one stage (score: scored + stats), committed together: every file
+    is written and synced first, then all are renamed into place; a failure in any (a full
+    disk, a bad record, an interrupt) leaves every path as it was. None: no such output."""
+    writers = [AtomicJsonl(p, defer=True) if p else None for p in paths]
+    try:
+        with ExitStack() as stack:
+            for w in writers:
+                if w is not None:
+                    stack.enter_context(w)
+            yield writers
+    except BaseException:
+        for w in writers:
+            if w is not None:
+                w.abort()
+        raise
+    for w in writers:
+        if w is not None:
+            w.commit()
 
 
 def _remove_stale_temps(target: Path) -> None:
@@ -297,6 +382,8 @@ class ResumableJsonl:
         self.path = Path(path)
         self.partial = self.path.with_name(self.path.name + ".partial")
         self.index = self.path.with_name(self.path.name + ".partial.idx")
+        for target in (self.path, self.partial, self.index):
+            check_target(target)
         self.header = json.loads(json.dumps({"header": header or {}}, sort_keys=True))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         end = self._recover()
@@ -341,6 +428,8 @@ class ResumableJsonl:
     def write_group(self, key: str, records: list[Any]) -> None:
         data = "".join(dumps(r) + "\n" for r in records).encode("utf-8")
         if self.stream:
+            if sys.stdout is None:
+                raise RlanyError("stdout is closed", where="-")
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
             self.done.append(key)
@@ -361,6 +450,7 @@ class ResumableJsonl:
             return
         self._out.close()
         self._idx.close()
+        check_target(self.path)
         os.replace(self.partial, self.path)
         self.index.unlink()
 
@@ -410,13 +500,20 @@ def write_meta(output: str | Path, *, stage: str, flags: dict[str, Any],
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
+    """`path` replaced by `text` whole or not at all (the temp file is removed on any
+    failure); only a regular file is ever replaced (`check_target`)."""
     path = Path(path)
+    check_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path)  # a writer killed between mkstemp and rename left its temp
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.",
                                suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -39,7 +39,7 @@ from rlany.prompts import (
     parse_verdict,
     unit_test_messages,
 )
-from rlany.records import JudgeSample, Judgment, StepJudgment, Trajectory
+from rlany.records import JudgeSample, Judgment, StepJudgment, Trajectory, responses_digest
 
 MODES = ("steps", "unit-tests")
 
@@ -184,7 +184,8 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
             if traj.traj_id in skipped:
                 judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
                                           judge=judge_info, steps=[],
-                                          skipped=skipped[traj.traj_id]))
+                                          skipped=skipped[traj.traj_id],
+                                          responses_sha256=responses_digest(traj.steps)))
                 continue
             steps = []
             for k, messages in prompts[traj.traj_id]:
@@ -195,7 +196,8 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                            for c in result.completions]
                 steps.append(StepJudgment(step=k, judge_messages=messages, samples=samples))
             judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
-                                      judge=judge_info, steps=steps))
+                                      judge=judge_info, steps=steps,
+                                      responses_sha256=responses_digest(traj.steps)))
         yield judgments
 
 
@@ -250,7 +252,8 @@ def _unit_test_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeO
                            for text, test in tests]
                 steps.append(StepJudgment(step=0, judge_messages=messages, samples=samples))
             judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
-                                      judge=judge_info, steps=steps, mode="unit-tests"))
+                                      judge=judge_info, steps=steps, mode="unit-tests",
+                                      responses_sha256=responses_digest(traj.steps)))
         yield judgments
 
 

@@ -156,7 +156,19 @@ class Loop:
         return self._engine
 
     def run(self) -> None:
-        self._init_run_dir()  # init_policy was checked with the config
+        """The whole run, holding the run directory's lock (a second `rlany loop` on the
+        same run directory is refused, not interleaved)."""
+        from rlany.stageio import output_lock
+
+        if self.dir.exists() and not self.dir.is_dir():
+            raise RlanyError("the run directory is a file", where=str(self.dir))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with output_lock(self.dir / "loop", busy="another `rlany loop` is running in this "
+                         "run directory; wait for it or stop it"):
+            self._run()
+
+    def _run(self) -> None:
+        self._init_run_dir()  # the config (paths included) was checked when it was loaded
         if self.cfg.warm_start:  # first: an env without an expert fails before anything
             warm = self.dir / "warm_start"
             warm.mkdir(exist_ok=True)
@@ -176,11 +188,12 @@ class Loop:
     def _init_run_dir(self) -> None:
         from rlany.jsonl import write_text_atomic
 
-        self.dir.mkdir(parents=True, exist_ok=True)
         config = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "path"}
         resolved = json.dumps(config, indent=2, sort_keys=True) + "\n"
         echo = self.dir / "config.json"
-        if echo.exists() and echo.read_text() != resolved:
+        started = any(self.dir.glob("iter_*")) or any(
+            (self.dir / name).exists() for name in ("eval_base.json", "warm_start"))
+        if echo.exists() and echo.read_text() != resolved and started:
             # a key added to the config format since the run started counts at its default
             old = json.loads(echo.read_text())
             defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)
@@ -269,18 +282,37 @@ class Loop:
 
     # -- bookkeeping -------------------------------------------------------------------
     def latest(self, kind: str, before: int) -> str | None:
-        """The newest finished checkpoint of `kind` from iterations before `before`; before
-        any, the policy's is `init_policy` (a warm start) or None (the base model)."""
+        """The checkpoint of `kind` that iteration `before` starts from: the one trained by
+        the newest iteration before it (an iteration whose training had no samples passes
+        its own start on); before any, the policy's is `init_policy` (a warm start) or None
+        (the base model), and the reward model's None. A checkpoint that should be there
+        and is not (deleted, pruned, incomplete, damaged) is an error naming it: the loop
+        never falls back to an older model or to the base model."""
+        if kind == "rm" and not self.cfg.rm_training:
+            return None
         for it in range(before - 1, -1, -1):
-            ckpt = self.dir / f"iter_{it:03d}" / kind
+            d = self.dir / f"iter_{it:03d}"
+            ckpt = d / kind
+            if (d / f"train_{kind}.skipped.json").exists():
+                continue  # no samples that iteration: the model stayed as it was
             if (ckpt / "rlany.json").exists():
+                self._check_checkpoint(ckpt, kind)
                 return str(ckpt)
-            if (ckpt.parent / f"{kind}.pruned").exists():
-                # never fall back silently to an older model than the one this run used
+            if (d / f"{kind}.pruned").exists():
                 raise RlanyError(f"the {kind} checkpoint this iteration needs was pruned",
                                  where=str(ckpt), hint="rerun from a later iteration or "
                                  "raise keep_last")
+            raise RlanyError(f"the {kind} checkpoint of iteration {it} is missing or "
+                             "incomplete (no rlany.json); the loop will not fall back to an "
+                             "older or the base model", where=str(ckpt),
+                             hint="restore it, or start a new run with another --name")
         return self.init_policy if kind == "policy" else None
+
+    def _check_checkpoint(self, ckpt: Path, kind: str) -> None:
+        from rlany.stageio import check_adapter
+
+        if (ckpt / "adapter_config.json").exists() or not (ckpt / "config.json").exists():
+            check_adapter(str(ckpt), f"the {kind} checkpoint")  # damaged: one line, named
 
     @property
     def init_policy(self) -> str | None:

@@ -89,15 +89,61 @@ def load_config(path: str, overrides: dict[str, Any] | None = None,
     """Read and check a whole config (every stage's options are built once with placeholder
     paths), so a bad value fails here with one line, before anything runs. `sets` are the
     command line's `--set KEY=VALUE` (KEY top-level or TABLE.KEY, VALUE a TOML value)."""
-    from rlany.options import typed
-
     try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+        tomllib.loads(text)
     except OSError as e:
         raise RlanyError(f"cannot read config: {e.strerror}", where=path) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise RlanyError(f"invalid TOML: {e}", where=path) from None
     overrides = overrides or {}
+    try:
+        return _load(path, text, overrides, list(sets))
+    except UsageError:
+        raise
+    except RlanyError as e:
+        culprit = _culprit(path, text, overrides, list(sets), e.message)
+        if culprit is None:
+            raise
+        raise UsageError(f"{culprit}: {e.message}", hint=e.hint) from None
+
+
+# the command line's overrides, as the user typed them (for usage errors that name them)
+OVERRIDE_FLAGS = {"name": "--name", "iterations": "--iterations", "seed": "--seed",
+                  "runs_dir": "--runs-dir", "step_feedback": "--[no-]step-feedback",
+                  "rm_training": "--[no-]rm-training",
+                  "env_adaptation": "--[no-]env-adaptation"}
+
+
+def _culprit(path: str, text: str, overrides: dict[str, Any], sets: list[str],
+             message: str) -> str | None:
+    """The command-line value that makes a config fail (None: the file itself fails the
+    same way). The file alone is loaded, then with each override or `--set` alone."""
+    if not overrides and not sets:
+        return None
+
+    def fails(over: dict[str, Any], given: list[str]) -> bool:
+        try:
+            _load(path, text, over, given)
+        except RlanyError as e:
+            return e.message == message
+        return False
+    if fails({}, []):
+        return None
+    for key, value in overrides.items():
+        if fails({key: value}, []):
+            return f"{OVERRIDE_FLAGS.get(key, key)} {value!r}"
+    for item in sets:
+        if fails({}, [item]):
+            return f"--set {item}"
+    return "the command line's overrides (" + ", ".join(
+        [OVERRIDE_FLAGS.get(k, k) for k in overrides] + [f"--set {i}" for i in sets]) + ")"
+
+
+def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> LoopConfig:
+    from rlany.options import typed
+
+    raw = tomllib.loads(text)
     raw.update(overrides)
     for item in sets:
         _apply_set(raw, item)
@@ -124,6 +170,7 @@ def load_config(path: str, overrides: dict[str, Any] | None = None,
     for key in ("iterations", "keep_last", "eval_every"):
         if top.get(key, 1) < 1:
             raise RlanyError(f"'{key}' must be >= 1, got {top[key]}", where=path)
+    _check_name(top["name"], path)
     cfg = LoopConfig(**top, run=run, tables=sections, path=path)
     if cfg.init_policy:
         _check_init_policy(cfg)
@@ -136,7 +183,33 @@ def load_config(path: str, overrides: dict[str, Any] | None = None,
     _resolve(cfg, overrides)
     for table in tables:  # every stage's options, checked before anything runs
         cfg.options(table, **_placeholders(tables[table][1]))
+    _check_files(cfg)
     return cfg
+
+
+def _check_name(name: str, where: str) -> None:
+    """A run name is one directory under runs_dir: not empty, not `.`/`..`, no slash."""
+    if not name.strip() or name in (".", "..") or any(c in name for c in "/\\\0") or \
+            name != name.strip() or name.startswith("-"):
+        raise RlanyError(f"'name' must be a plain directory name, got {name!r}", where=where,
+                         hint="letters, digits, '-', '_' and '.', e.g. name = \"demo\"")
+
+
+def _check_files(cfg: LoopConfig) -> None:
+    """The config's paths, before anything is written: the task files read and checked
+    like every stage reads them, runs_dir a directory (or absent)."""
+    from rlany.stageio import read_tasks
+
+    for key in ("tasks", "eval_tasks"):
+        value = getattr(cfg, key)
+        if value is not None:
+            if not Path(value).is_file():
+                raise RlanyError(f"'{key}' {value!r}: no such file", where=cfg.path)
+            read_tasks(value)
+    for directory in (Path(cfg.runs_dir), cfg.run_dir):
+        if directory.exists() and not directory.is_dir():
+            raise RlanyError(f"{str(directory)!r} is a file, not a directory", where=cfg.path,
+                             hint="'runs_dir' (and runs_dir/name) must be directories")
 
 
 def _init_rank(cfg: LoopConfig) -> int:

@@ -110,6 +110,7 @@ def make_tiny(target: str | Path, *, seed: int = 0, hidden: int = 128, layers: i
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     target = Path(target)
+    _check_new_dir(target)
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -132,10 +133,31 @@ def make_tiny(target: str | Path, *, seed: int = 0, hidden: int = 128, layers: i
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = fast.eos_token_id
     model.generation_config.pad_token_id = fast.pad_token_id
-    target.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(target)
-    fast.save_pretrained(target)
+    # written beside the target, then renamed onto it (a new or an empty directory): a
+    # failure leaves no half model, and no file of the user's is ever overwritten
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        fast.save_pretrained(tmp)
+        _check_new_dir(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _check_new_dir(target: Path) -> None:
+    """A command that makes a directory writes a new one or fills an empty one; it never
+    writes into a directory holding files (they are the user's, not the command's)."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise RlanyError("exists and is not a directory", where=str(target),
+                         hint="give a new or empty directory")
+    if target.is_dir() and any(target.iterdir()):
+        raise RlanyError("directory is not empty", where=str(target),
+                         hint="give a new or empty directory; rlany never writes over "
+                         "files it did not make")
 
 
 def _local_text() -> list[str]:

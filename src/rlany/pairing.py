@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 from rlany.errors import RlanyError
 from rlany.judge import MODES
-from rlany.records import Judgment, Trajectory
+from rlany.records import Judgment, Trajectory, responses_digest
 
 
 def paired(trajectories: Iterable[tuple[str, Trajectory]],
@@ -71,6 +71,15 @@ def interleaved(records: Iterable[tuple[str, Trajectory | Judgment]]
 
 
 def check_judgment(judgment: Judgment, traj: Trajectory, where: str) -> None:
+    """A judgment belongs to this trajectory: same id (checked by the caller), the
+    responses it judged are this trajectory's (its `responses_sha256`, which every
+    judgment `rlany judge` writes carries; a hand-made judgment without it is paired by id
+    and step count only), and every judged step exists."""
+    if judgment.responses_sha256 is not None and \
+            judgment.responses_sha256 != responses_digest(traj.steps):
+        raise RlanyError(f"judgment of '{judgment.traj_id}' judged other responses than this "
+                         "trajectory's: the judgments come from another rollout with the "
+                         "same ids", where=where, hint="judge these trajectories again")
     indices = [s.step for s in judgment.steps]
     if judgment.skipped is not None:
         if indices:

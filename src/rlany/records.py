@@ -9,7 +9,9 @@ them for people. Rules (DESIGN §2):
 * the schema version lives in each output's `X.meta.json` sidecar, not in every line.
 
 `from_json` validates types field by field and raises `RlanyError` naming the field, so a
-caller that knows the file and line can report `path:line: what is wrong`.
+caller that knows the file and line can report `path:line: what is wrong`. Records are also
+checked for meaning when built (`__post_init__`: an outcome of +1 or -1, counts that add up,
+rates in [0, 1]), so an impossible record is refused at the line that holds it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,27 @@ def _optional() -> Any:
 
 def traj_id(task_id: str, iteration: int, sample: int) -> str:
     return f"{task_id}/{iteration}/{sample}"
+
+
+def responses_digest(steps: list[Step]) -> str:
+    """The digest a judgment keeps of the trajectory it judged: sha256 of the JSON list of
+    its step responses. `rlany score` pairs a judgment with a trajectory only when they
+    match, so judgments of another rollout with the same ids are refused."""
+    import hashlib
+    import json
+
+    data = json.dumps([s.response for s in steps], ensure_ascii=False)
+    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise RlanyError(message)
+
+
+def _rate(value: float | None, name: str, low: float = 0.0) -> None:
+    _require(value is None or low <= value <= 1.0,
+             f"field '{name}' must be between {low:g} and 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -95,6 +118,13 @@ class Trajectory:
     completion_tokens: int = 0
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        _require(self.outcome in (-1, 1), f"outcome must be -1 or +1, got {self.outcome}")
+        _require(self.iteration >= 0 and self.sample >= 0,
+                 "fields 'iteration' and 'sample' must be >= 0")
+        _require(self.prompt_tokens >= 0 and self.completion_tokens >= 0,
+                 "token counts must be >= 0")
+
 
 @dataclass(frozen=True)
 class JudgeSample:
@@ -106,12 +136,18 @@ class JudgeSample:
     token_ids: list[int] | None = _optional()  # the sampled ids of `text` (reasoning + verdict)
     finish_reason: str | None = _optional()  # "stop" | "length": EOS is trained only after "stop"
 
+    def __post_init__(self) -> None:
+        _require(self.score in (-1, 0, 1), f"score must be -1, 0 or +1, got {self.score}")
+
 
 @dataclass(frozen=True)
 class StepJudgment:
     step: int  # index into Trajectory.steps
     judge_messages: list[Message]  # the judge prompt, shared by the m samples
     samples: list[JudgeSample]
+
+    def __post_init__(self) -> None:
+        _require(self.step >= 0, f"field 'step' must be >= 0, got {self.step}")
 
 
 @dataclass(frozen=True)
@@ -126,6 +162,9 @@ class Judgment:
     # not judged (`judge --select used`): why; steps is then empty and `score` gives the
     # trajectory no step scores and the reward model no samples
     skipped: str | None = None
+    # sha256 of the judged trajectory's step responses (`responses_digest`); absent in
+    # hand-made judgments, which are then paired by id and step count only
+    responses_sha256: str | None = _optional()
     extra: dict = field(default_factory=dict)
 
 
@@ -171,6 +210,10 @@ class Scored:
     policy: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        _require(self.outcome in (-1, 1), f"outcome must be -1 or +1, got {self.outcome}")
+        _rate(self.task_acc, "task_acc")
+
 
 @dataclass(frozen=True)
 class TaskStats:
@@ -189,6 +232,18 @@ class TaskStats:
     parse_fail_rate: float | None
     judge_outcome_agreement: float | None
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(self.n >= 1, f"field 'n' must be >= 1, got {self.n}")
+        _require(0 <= self.successes <= self.n,
+                 f"field 'successes' must be between 0 and n = {self.n}, got {self.successes}")
+        _require(math.isclose(self.acc, self.successes / self.n, abs_tol=1e-9),
+                 f"field 'acc' is {self.acc} but successes / n = {self.successes}/{self.n}")
+        _require(self.mean_steps >= 0 and self.policy_samples >= 0 and self.rm_samples >= 0,
+                 "step and sample counts must be >= 0")
+        _rate(self.parse_fail_rate, "parse_fail_rate")
+        _rate(self.judge_outcome_agreement, "judge_outcome_agreement")
+        _rate(self.step_score_mean, "step_score_mean", low=-1.0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from statistics import fmean
 
 from rlany.errors import RlanyError
+from rlany.jsonl import write_text_atomic
 
 PLOTS = [
     ("train_acc", "train accuracy (rollouts)"),
@@ -32,16 +33,33 @@ PLOTS = [
 
 def load_run(run: Path) -> dict:
     metrics = run / "metrics.jsonl"
+    if run.exists() and not run.is_dir():
+        raise RlanyError("not a directory: a run directory is runs/NAME", where=str(run))
     if not metrics.exists():
         raise RlanyError("no metrics.jsonl: not a loop run directory (or no iteration "
                          "finished yet)", where=str(run))
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = []
+    for lineno, line in enumerate(_text(metrics).splitlines(), 1):
+        if line.strip():
+            row = _json(line, f"{metrics}:{lineno}")
+            if not isinstance(row, dict) or isinstance(row.get("iteration"), bool) or \
+                    not isinstance(row.get("iteration"), int):
+                raise RlanyError("a metrics line is an object with an integer 'iteration'",
+                                 where=f"{metrics}:{lineno}", hint="metrics.jsonl is rebuilt "
+                                 "from iter_*/done.json by rerunning `rlany loop`")
+            bad = [k for k, _ in PLOTS if row.get(k) is not None and not _number(row[k])]
+            seconds = row.get("seconds", {})
+            if not isinstance(seconds, dict) or not all(map(_number, seconds.values())):
+                bad.append("seconds")
+            if bad:
+                raise RlanyError(f"{', '.join(bad)}: not a number", where=f"{metrics}:{lineno}")
+            rows.append(row)
     base, init = run / "eval_base.json", run / "eval_init.json"
     evals = sorted(run.glob("iter_*/eval.json"))
     return {"name": run.name, "rows": rows,
-            "base": json.loads(base.read_text()) if base.exists() else None,
-            "init": json.loads(init.read_text()) if init.exists() else None,
-            "final": json.loads(evals[-1].read_text()) if evals else None,
+            "base": _eval(base) if base.exists() else None,
+            "init": _eval(init) if init.exists() else None,
+            "final": _eval(evals[-1]) if evals else None,
             "final_iteration": int(evals[-1].parent.name[5:]) if evals else None}
 
 
@@ -90,6 +108,49 @@ def lines(runs: list[dict], key: str) -> list[dict]:
                         "hi": [c[1] if c else d[x][0] for x, c in zip(xs, ci)],
                         "band": False, "intervals": any(ci)})
     return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RlanyError("not UTF-8 text", where=str(path)) from None
+
+
+def _json(text: str, where: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise RlanyError(f"invalid JSON: {e}", where=where) from None
+
+
+def _eval(path: Path) -> dict:
+    """An eval.json as the report reads it: success_rate in [0, 1]; where present,
+    trajectories an integer >= 0 and success_ci95 two numbers."""
+    data = _json(_text(path), str(path))
+    ok = isinstance(data, dict) and _number(data.get("success_rate")) and \
+        0 <= data["success_rate"] <= 1
+    n, ci = (data.get("trajectories"), data.get("success_ci95")) if ok else (None, None)
+    ok = ok and (n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 0)) \
+        and (ci is None or (isinstance(ci, list) and len(ci) == 2 and all(map(_number, ci))))
+    if not ok:
+        raise RlanyError("not an eval summary (success_rate in [0, 1], trajectories >= 0, "
+                         "success_ci95 two numbers)", where=str(path))
+    return data
+
+
+def check_report_dir(out: Path) -> None:
+    """The report writes into a new or empty directory, or over an earlier report (one
+    holding report.md): never into a directory of other files."""
+    if out.exists() and not out.is_dir():
+        raise RlanyError("exists and is not a directory", where=str(out))
+    if out.is_dir() and any(out.iterdir()) and not (out / "report.md").is_file():
+        raise RlanyError("directory holds other files and no earlier report", where=str(out),
+                         hint="give a new or empty directory")
 
 
 def gain_line(run: dict) -> str | None:
@@ -164,6 +225,7 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     runs = [load_run(Path(d)) for d in run_dirs]
+    check_report_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     written, drawn = [], []
     for key, title in PLOTS:
@@ -212,7 +274,7 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
             md += [f"Base model eval success: {_fmt(run['base'].get('success_rate'))}, judge "
                    f"step accuracy: {_fmt(run['base'].get('judge_step_accuracy'))}", ""]
     md += [f"![{key}]({key}.png)" for key in drawn]
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    write_text_atomic(out / "report.md", "\n".join(md) + "\n")
     written.append(out / "report.md")
     return written
 

@@ -55,7 +55,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -353,13 +352,15 @@ def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
 def run(opts: ScoreOptions, engine: object = None) -> dict:
     """Stream trajectories (+ judgments) one task group at a time; write scored + stats."""
     from rlany.console import info
-    from rlany.jsonl import AtomicJsonl, JsonlReader, write_meta
-    from rlany.stageio import prepare_paths
+    from rlany.jsonl import JsonlReader, atomic_outputs, write_meta
+    from rlany.stageio import check_judged, prepare_paths
 
     started = time.time()
     stats = opts.stats_path
     paths = prepare_paths({"--input": opts.input, "--judgments": opts.judgments},
                           {"--output": opts.output, "--stats": stats})
+    if opts.judgments:  # judgments of another rollout are refused before anything is read
+        check_judged(paths["--input"], paths["--judgments"], (opts.input, opts.judgments))
     # without --judgments the input may be `judge -o -`'s stream: each task's trajectories,
     # then their judgments (a plain trajectories file is that stream with no judgments)
     traj_reader = JsonlReader(paths["--input"], Trajectory if opts.judgments else
@@ -371,8 +372,7 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
               "policy_samples": 0, "rm_samples": 0}
     acc_sum = agree_sum = 0.0
     agree_n = 0
-    with AtomicJsonl(opts.output) as out, \
-            (AtomicJsonl(stats) if stats else nullcontext()) as st:
+    with atomic_outputs(opts.output, stats) as (out, st):  # both files, or neither
         for scored, task_stats in score_stream(traj_reader, judge_reader, opts):
             out.write_all(scored)
             if st:

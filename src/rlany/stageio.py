@@ -51,7 +51,8 @@ def begin_generation(opts: Any, outputs: dict[str, str | None], engine: Any = No
 
 def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = None,
                check: Callable[[Any], None] | None = None):
-    """All tasks of a file (a task pool is small), with env names and unique ids checked.
+    """All tasks of a file (a task pool is small), with env names, unique ids and each
+    spec checked by its env's own `validate` (`envs.spec_problems`).
     `allow_empty` for candidate files: an iteration may propose no candidate at all.
     `check(task)`: a stage's own rule; the RlanyError it raises is reported at the line."""
     from rlany import envs
@@ -60,6 +61,7 @@ def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = N
     reader = JsonlReader(path, Task, "tasks", allow_empty=allow_empty, name=name)
     tasks, seen = [], set()
     known = envs.names()
+    checkers: dict = {}  # env name -> one env object whose validate checks every spec
     for where, task in reader:
         if task.env not in known:
             raise RlanyError(f"unknown environment '{task.env}'", where=where,
@@ -67,6 +69,12 @@ def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = N
         if task.task_id in seen:
             raise RlanyError(f"duplicate task_id '{task.task_id}'", where=where)
         seen.add(task.task_id)
+        if task.env not in checkers:
+            checkers[task.env] = envs.make_env(task.env)
+        problems = envs.spec_problems(checkers[task.env], task.spec)
+        if problems:  # a task its env cannot grade would be scored -1 whatever the answer
+            raise RlanyError(f"the {task.env} env refuses this task's spec: "
+                             + "; ".join(problems), where=where)
         if check is not None:
             try:
                 check(task)
@@ -76,10 +84,94 @@ def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = N
     return tasks, reader
 
 
-def read_stats(path: str | Path, name: str | None = None) -> dict:
+def read_stats(path: str | Path, name: str | None = None,
+               tasks: set[str] | None = None) -> dict:
+    """Task stats by task id, each once; with `tasks`, every id must be one of them (stats
+    of another pool are refused at their line, never silently ignored)."""
     from rlany.records import TaskStats
 
-    return {s.task_id: s for _, s in JsonlReader(path, TaskStats, "task stats", name=name)}
+    stats: dict = {}
+    for where, s in JsonlReader(path, TaskStats, "task stats", name=name):
+        if s.task_id in stats:
+            raise RlanyError(f"duplicate task_id '{s.task_id}'", where=where)
+        if tasks is not None and s.task_id not in tasks:
+            raise RlanyError(f"stats of task '{s.task_id}', which is neither in the pool nor "
+                             "pending: these stats come from another pool", where=where,
+                             hint="give the task_stats.jsonl of a rollout of this pool")
+        stats[s.task_id] = s
+    return stats
+
+
+# -- provenance: do two inputs come from the same run? ------------------------------------
+
+def sidecar(path: str | Path) -> dict | None:
+    """The `.meta.json` of an input (None: hand-made data, or stdin)."""
+    import json
+
+    from rlany.jsonl import meta_path
+
+    meta = meta_path(path)
+    if str(path) == "-" or not meta.is_file():
+        return None
+    try:
+        data = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise RlanyError("unreadable sidecar metadata", where=str(meta)) from None
+    return data if isinstance(data, dict) else None
+
+
+def _source(meta: dict | None, stage: str, index: int = 0) -> str | None:
+    """The sha256 of input `index` that a `stage` sidecar records (None where unknown)."""
+    if not meta or meta.get("stage") != stage:
+        return None
+    inputs = meta.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) <= index or not isinstance(
+            inputs[index], dict):
+        return None
+    sha = inputs[index].get("sha256")
+    return sha if isinstance(sha, str) else None
+
+
+def check_judged(trajectories: str, judgments: str, names: tuple[str, str]) -> None:
+    """Judgments whose sidecar names the trajectories they were made from must name this
+    trajectories file (by content digest). Without a sidecar, `pairing.check_judgment`
+    still compares each judgment's responses digest with its trajectory's."""
+    judged = _source(sidecar(judgments), "judge")
+    if judged is not None and judged != sha256_file(trajectories):
+        raise RlanyError(f"these judgments were made from another trajectories file "
+                         f"(sha256 {judged[:12]}), not from {names[0]}", where=names[1],
+                         hint="judge these trajectories, or give this rollout's judgments")
+
+
+def check_adapt_inputs(stats: str, judgments: str | None, names: tuple[str, str | None]
+                       ) -> None:
+    """adapt-tasks' stats and judgments must come from one rollout: where both sidecars
+    say, the trajectories they were made from are the same file, and the judgments are the
+    ones those stats were scored with."""
+    stats_meta = sidecar(stats)
+    if judgments is None or stats_meta is None:
+        return
+    scored_from = _source(stats_meta, "score")
+    judged_from = _source(sidecar(judgments), "judge")
+    if scored_from and judged_from and scored_from != judged_from:
+        raise RlanyError("the task stats and the judgments come from different rollouts "
+                         f"(trajectories sha256 {scored_from[:12]} vs {judged_from[:12]})",
+                         where=names[1], hint="give the judgments of the rollout the stats "
+                         "were scored from")
+    scored_with = _source(stats_meta, "score", 1)
+    if scored_with and scored_with != sha256_file(judgments):
+        raise RlanyError(f"{names[0]} was scored with other judgments than this file",
+                         where=names[1], hint="give the judgments the stats were scored with")
+
+
+def judged_tasks(judgments: str, name: str | None) -> dict[str, str]:
+    """task id -> where it is first judged, for checking judgments against the stats."""
+    from rlany.records import Judgment
+
+    seen: dict[str, str] = {}
+    for where, j in JsonlReader(judgments, Judgment, "judgments", allow_empty=True, name=name):
+        seen.setdefault(j.task_id, where)
+    return seen
 
 
 def sha256_file(path: str | Path) -> str:
@@ -91,9 +183,89 @@ def sha256_file(path: str | Path) -> str:
 
 
 def check_adapter(adapter: str | None, flag: str = "--adapter") -> None:
-    if adapter and not (Path(adapter) / "adapter_config.json").exists():
+    """A LoRA adapter directory that an engine or the trainer can load, checked before
+    either starts: adapter_config.json a LoRA config with a positive integer rank and
+    target modules, the weights present and readable (safetensors: the header and each
+    lora_A/lora_B tensor's rank), and rlany.json, where there is one, valid JSON. Anything
+    else is one line naming the flag and the directory."""
+    if not adapter:
+        return
+    d = Path(adapter)
+    config_file = d / "adapter_config.json"
+    if not config_file.is_file():
         raise RlanyError(f"{flag}: not a LoRA adapter directory (no adapter_config.json)",
                          where=adapter)
+    config = _json_file(config_file, flag)
+    rank = config.get("r") if isinstance(config, dict) else None
+    targets = config.get("target_modules") if isinstance(config, dict) else None
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise RlanyError(f"{flag}: adapter_config.json is not a LoRA config", where=adapter)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise RlanyError(f"{flag}: adapter_config.json 'r' must be a positive integer, got "
+                         f"{rank!r}", where=adapter)
+    if not (isinstance(targets, str) or (isinstance(targets, list) and targets and all(
+            isinstance(t, str) for t in targets))):
+        raise RlanyError(f"{flag}: adapter_config.json 'target_modules' must be a string or "
+                         "a list of strings", where=adapter)
+    if (d / "rlany.json").exists():
+        _json_file(d / "rlany.json", flag)
+    weights = d / "adapter_model.safetensors"
+    if not weights.is_file():
+        if (d / "adapter_model.bin").is_file():
+            return  # a pickled adapter: only loading it can tell
+        raise RlanyError(f"{flag}: no adapter weights (adapter_model.safetensors)",
+                         where=adapter)
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for a damaged file
+        raise RlanyError(f"{flag}: adapter weights are unreadable ({type(e).__name__}: "
+                         f"{str(e)[:120]})", where=str(weights)) from None
+    patterns = config.get("rank_pattern") or {}
+    for key, shape in shapes.items():
+        lora = ".lora_A." in key and (shape[0] if shape else None) or \
+            ".lora_B." in key and (shape[-1] if shape else None)
+        if lora and not patterns and lora != rank:
+            raise RlanyError(f"{flag}: tensor {key} has rank {lora}, adapter_config.json says "
+                             f"r = {rank}", where=str(weights))
+    if not any(".lora_A." in k for k in shapes):
+        raise RlanyError(f"{flag}: the adapter weights hold no LoRA tensors", where=str(weights))
+
+
+def _json_file(path: Path, flag: str) -> Any:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise RlanyError(f"{flag}: {path.name} is not valid JSON ({e})",
+                         where=str(path.parent)) from None
+
+
+def check_lora_targets(model: str, target_modules: str, flag: str = "--target-modules") -> None:
+    """Refuse LoRA target modules that match no module of `model` (a local model directory)
+    before its weights load: the model is built on the meta device from its config."""
+    if target_modules == "all-linear" or not (Path(model) / "config.json").is_file():
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+        with torch.device("meta"):
+            net = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # loading the model reports what is wrong with it
+    names = [n for n, _ in net.named_modules()]
+    wanted = [t.strip() for t in target_modules.split(",") if t.strip()]
+    missing = [t for t in wanted if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in net.named_modules()
+                         if isinstance(m, torch.nn.Linear)})
+        raise UsageError(f"{flag}: {', '.join(missing)} match(es) no module of the model",
+                         hint=f"its linear layers: {', '.join(leaves)}; or all-linear")
 
 
 def start_engine(opts: Any):
@@ -135,27 +307,48 @@ def engine_flags(opts: Any, engine: Any) -> dict:
 
 
 def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
-    """Usage errors before anything is read or written: an output that names an input
-    file (writing it would destroy the input), two outputs naming one file, or more than
-    one input or output on stdin/stdout. Keys are the flags, for the message."""
-    def real(p: str) -> str:
-        return os.path.realpath(p)
+    """Usage errors before anything is read or written: an output that is not a regular
+    file (`jsonl.check_target`: a device, a FIFO, a directory), an output (or its
+    `.meta.json` sidecar) that names an input file or an input's sidecar (writing it would
+    destroy the input or its provenance), two outputs naming one file, or more than one
+    input or output on stdin/stdout. The same file under two names (a symlink, a hard
+    link) counts as one. Keys are the flags, for the message."""
+    from rlany.jsonl import check_target, meta_path
 
     for group, what in ((inputs, "stdin"), (outputs, "stdout")):
         dashes = [flag for flag, p in group.items() if p == "-"]
         if len(dashes) > 1:
             raise UsageError(f"{' and '.join(dashes)} both use {what} (-); at most one can")
-    seen: dict[str, str] = {}
+    seen: dict[Any, str] = {}
+
+    def keys(p: str | Path) -> list:
+        out: list = [os.path.realpath(p)]
+        try:
+            st = os.stat(p)
+            out.append((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+        return out
+
     for flag, p in inputs.items():
         if p and p != "-":
-            seen.setdefault(real(p), flag)
+            for path, label in ((p, flag), (meta_path(p), f"{flag}'s sidecar")):
+                for key in keys(path):
+                    seen.setdefault(key, label)
     for flag, p in outputs.items():
         if not p or p == "-":
             continue
-        if real(p) in seen:
-            raise UsageError(f"{flag} {p} is also {seen[real(p)]}: writing it would destroy "
-                             "that file; choose another output")
-        seen[real(p)] = flag
+        try:
+            check_target(p)
+        except RlanyError as e:
+            raise UsageError(f"{flag} {p}: {e.message}", hint=e.hint) from None
+        for path, label in ((p, flag), (meta_path(p), f"{flag}'s sidecar")):
+            for key in keys(path):
+                if key in seen:
+                    raise UsageError(f"{label} {path} is also {seen[key]}: writing it would "
+                                     "destroy that file; choose another output")
+            for key in keys(path):
+                seen[key] = label
 
 
 def spool_input(path: str) -> tuple[str, str]:
@@ -170,6 +363,8 @@ def spool_input(path: str) -> tuple[str, str]:
             return path, path  # the reader reports a missing file with its name
     import atexit
 
+    if path == "-" and sys.stdin is None:
+        raise RlanyError("stdin is closed", where="<stdin>")
     fd, tmp = tempfile.mkstemp(prefix="rlany-stdin.", suffix=".jsonl")
     with os.fdopen(fd, "wb") as f:
         if path == "-":
@@ -182,10 +377,14 @@ def spool_input(path: str) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def output_lock(path: str | Path) -> Iterator[None]:
+def output_lock(path: str | Path, new: bool = False,
+                busy: str = "another rlany process is writing this output; wait for it or "
+                "stop it") -> Iterator[None]:
     """Hold an exclusive lock on `path` while a stage writes it (a `.X.lock` file beside
     it, flock: released by the kernel when the process dies, so a killed stage never
-    leaves a stale lock). A second writer fails at once instead of interleaving."""
+    leaves a stale lock). A second writer fails at once (`busy`) instead of interleaving.
+    `new=True` (a checkpoint directory): `path` must still not exist once the lock is
+    held, so a writer that checked before another one finished cannot overwrite it."""
     if str(path) == "-":
         yield
         return
@@ -196,9 +395,11 @@ def output_lock(path: str | Path) -> Iterator[None]:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RlanyError("another rlany process is writing this output; wait for it "
-                             "or stop it", where=str(path)) from None
+            raise RlanyError(busy, where=str(path)) from None
         try:
+            if new and target.exists():
+                raise RlanyError("exists: another process finished it", where=str(path),
+                                 hint="choose another --output or delete it")
             yield
         finally:
             lock.unlink(missing_ok=True)

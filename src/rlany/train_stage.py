@@ -128,7 +128,13 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
     from rlany.jsonl import JsonlReader, write_text_atomic
     from rlany.models import resolve_model
     from rlany.records import Scored, Trajectory
-    from rlany.stageio import check_adapter, output_lock, prepare_paths, sha256_file
+    from rlany.stageio import (
+        check_adapter,
+        check_lora_targets,
+        output_lock,
+        prepare_paths,
+        sha256_file,
+    )
     from rlany.train import (
         borrowed_model,
         load_model,
@@ -184,12 +190,15 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
         raise RlanyError(f"token id {low[0]} is negative", where=low[1])
     opts = replace(opts, dtype=resolve_dtype(opts.dtype))
     base = resolve_model(opts.model)
+    if not opts.full and not opts.adapter:
+        check_lora_targets(base, opts.target_modules)
     vocab = _vocab_size(opts.adapter if opts.full and opts.adapter else base)
     if high is not None and vocab is not None and high[0] >= vocab:
         raise RlanyError(f"token id {high[0]} is outside the model's vocabulary of {vocab}",
                          where=high[1], hint="token_ids must be sampled from this --model")
     # under torchrun/accelerate every process runs this; the first holds the lock for all
-    lock = output_lock(opts.output) if os.environ.get("RANK", "0") == "0" else nullcontext()
+    lock = (output_lock(opts.output, new=True) if os.environ.get("RANK", "0") == "0"
+            else nullcontext())
     shared = _can_borrow(engine, base, opts)
     # the model is loaded (or borrowed) once the lock is held
     with lock, (borrowed_model(engine, opts.adapter, opts) if shared else

@@ -61,11 +61,16 @@ class FakeEngine:
         file = Path(path) / SCRIPT_NAME if Path(path).is_dir() else Path(path)
         try:
             script = json.loads(file.read_text())
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise RlanyError(f"cannot read fake engine script: {e}", where=path) from None
-        rules = [{"responses": script}] if isinstance(script, list) else script.get("rules")
-        if not rules or not all(isinstance(r.get("responses"), list) and r["responses"]
-                                for r in rules):
+        rules = [{"responses": script}] if isinstance(script, list) else (
+            script.get("rules") if isinstance(script, dict) else None)
+
+        def well_formed(rule) -> bool:
+            return (isinstance(rule, dict) and isinstance(rule.get("match", ""), str)
+                    and isinstance(rule.get("responses"), list) and bool(rule["responses"])
+                    and all(isinstance(r, str) for r in rule["responses"]))
+        if not isinstance(rules, list) or not rules or not all(map(well_formed, rules)):
             raise RlanyError("a fake script is a list of responses or {\"rules\": [{\"match\":"
                              " str, \"responses\": [str, ...]}]}", where=path)
         return cls.from_rules(rules, model=path, seed=seed)

@@ -176,8 +176,13 @@ class OpenAIEngine:
         start = time.perf_counter()
         for r in requests:  # load adapters before the parallel calls
             self._model_name(r.adapter)
-        with ThreadPoolExecutor(max_workers=16) as pool:
+        pool = ThreadPoolExecutor(max_workers=16)
+        try:
             results = list(pool.map(self._one, requests))
+        except BaseException:  # an interrupt must not wait for requests still in flight
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         self.stats.add(requests, results, time.perf_counter() - start)
         return results
 

@@ -127,6 +127,33 @@ def factory(name: str) -> Callable[[], Environment]:
     raise RlanyError(f"unknown environment '{name}'", hint=f"known: {', '.join(names())}")
 
 
+def check_knob(name: str, value: float, low: float, high: float | None = None) -> None:
+    """A task generator's bounds on one knob: `low <= value (<= high)`, else an RlanyError
+    naming the knob (`rlany envs make-tasks` reports it as a usage error of --knob)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
+            high is not None and value > high):
+        bounds = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+        raise RlanyError(f"{name} must be {bounds}, got {value!r}")
+
+
+def spec_problems(env: Environment, spec: dict) -> list[str]:
+    """What the env's own `validate` finds wrong with a task spec as it is read, before any
+    engine starts: the cheap check (an env whose validate takes `check_solvable` or
+    `check_solution` skips its expensive solvability proof here; adapt-tasks runs the full
+    one on rewrites). An env that cannot read the spec at all is a problem too."""
+    import inspect
+
+    validate = getattr(env, "validate", None)
+    if validate is None:
+        return []
+    params = inspect.signature(validate).parameters
+    cheap = {k: False for k in ("check_solvable", "check_solution") if k in params}
+    try:
+        return list(validate(spec, **cheap))
+    except Exception as e:  # a spec the env's own check trips over is not a gradable task
+        return [f"the env cannot read this spec ({type(e).__name__}: {e})"]
+
+
 def make_env(name: str) -> Environment:
     return factory(name)()
 

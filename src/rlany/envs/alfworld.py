@@ -208,6 +208,11 @@ def make_tasks(n: int, seed: int, split: str = "train", games: str | None = None
                game_dir: str = "textworld_games", rooms: int = 2, objects: int = 4,
                quest_length: int = 2, max_steps: int = 20, prefix: str = "tw") -> list[Task]:
     """Compile n TextWorld games offline (or, with games=DIR, use n games found there)."""
+    from rlany.envs import check_knob
+
+    for knob, value in (("rooms", rooms), ("objects", objects), ("quest_length", quest_length),
+                        ("max_steps", max_steps)):
+        check_knob(knob, value, 1)
     files = _found(games, n, seed) if games else _compile(n, seed, Path(game_dir), rooms,
                                                           objects, quest_length)
     tasks = []

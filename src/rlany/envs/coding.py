@@ -214,6 +214,9 @@ PROBLEMS = [
 def make_tasks(n: int, seed: int, split: str = "train", examples: int = 1,
                prefix: str = "code") -> list[Task]:
     """Tasks from the built-in problem set (shuffled by seed; n <= its size)."""
+    from rlany.envs import check_knob
+
+    check_knob("examples", examples, 0)
     if n > len(PROBLEMS):
         raise RlanyError(f"the built-in coding set has {len(PROBLEMS)} problems, asked for {n}")
     order = list(range(len(PROBLEMS)))

@@ -330,6 +330,12 @@ def make_tasks(n: int, seed: int, rooms: int = 1, receptacles: int = 4, distract
         raise RlanyError(f"kinds must be a comma list of {', '.join(KINDS)}")
     if not 1 <= rooms <= len(ROOMS) or receptacles < 2:
         raise RlanyError(f"need 1 <= rooms <= {len(ROOMS)} and receptacles >= 2")
+    from rlany.envs import check_knob
+
+    check_knob("receptacles", receptacles, 2, 64)
+    check_knob("distractors", distractors, 0, 64)
+    check_knob("closed", closed, 0, 1)
+    check_knob("max_steps", max_steps, 1)
     rng = random.Random(seed)
     tasks, attempts = [], 0
     while len(tasks) < n:

@@ -177,8 +177,12 @@ class ReasoningEnv:
 
 def make_tasks(n: int, seed: int, digits: int = 1, terms: int = 2, ops: str = "+",
                split: str = "train", prefix: str = "arith") -> list[Task]:
+    from rlany.envs import check_knob
+
     if not ops or set(ops) - set("+-*"):
         raise RlanyError(f"ops must be made of + - *, got {ops!r}")
+    check_knob("digits", digits, 1, 18)
+    check_knob("terms", terms, 1, 50)
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
