@@ -4,6 +4,7 @@ import dataclasses
 import importlib
 import json
 import shlex
+import shutil
 
 import pytest
 
@@ -95,8 +96,11 @@ def _io(cls) -> dict:
 
 
 def _config(tmp_path, body: str, top: str = ""):
+    tasks = tmp_path / "tasks.jsonl"  # a loop config's paths are checked when it loads
+    if not tasks.exists():
+        shutil.copy("examples/reasoning/tasks.jsonl", tasks)
     path = tmp_path / "loop.toml"
-    path.write_text(f'name = "t"\ntasks = "tasks.jsonl"\n{top}{body}')
+    path.write_text(f'name = "t"\ntasks = "{tasks}"\n{top}{body}')
     return load_config(str(path))
 
 

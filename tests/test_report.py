@@ -31,6 +31,7 @@ def test_a_policy_only_run_gets_only_its_panels(tmp_path):
     out = tmp_path / "report"
     (out).mkdir()
     (out / "judge_label_accuracy.png").write_bytes(b"an older report's panel")
+    (out / "report.md").write_text("an older report\n")  # report writes only over a report
     written = {p.name for p in write_report([str(run)], out)}
     assert written == {"train_acc.png", "eval_success.png", "policy_loss.png",
                        "stage_seconds.png", "report.md"}
