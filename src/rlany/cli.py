@@ -88,10 +88,13 @@ _stage("train-policy", "train_stage", "TrainOptions",
        "train-policy -i scored.jsonl -o ckpt/p --model Qwen/Qwen2.5-7B-Instruct",
        kind="policy")
 _stage("train-rm", "train_stage", "TrainRmOptions",
-       "Update the generative reward model with consistency feedback: each kept judge "
-       "sample (judge prompt -> its reasoning and verdict) weighted by its consistency "
-       "advantage.",
+       "Update the generative reward model with consistency feedback (R = O + lambda * "
+       "mean(S) from `rlany score`). A judge of bare verdicts (judge --max-tokens 0) is "
+       "trained on each judged step's verdict token, its expected consistency reward "
+       "computed exactly (--objective expected, the default there); a reasoning judge on "
+       "each kept sample, PPO weighted by its consistency advantage (pg).",
        "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2",
+       "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2 --objective logloss",
        "rlany judge -i traj.jsonl -o judgments.jsonl --model smollm2 --adapter ckpt/rm-1",
        kind="rm")
 _stage("sft", "train_stage", "SftOptions",
