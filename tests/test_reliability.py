@@ -167,6 +167,7 @@ def test_a_full_or_read_only_disk_is_one_line_and_commits_nothing(err, words, tm
     code, stderr = _main(["score", "-i", str(traj), "-j", str(judg), "-o", str(out),
                           "--stats", str(stats)], monkeypatch, capsys)
     assert code == 1 and words in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert "<stdout>" not in stderr and (str(out) in stderr or str(stats) in stderr), stderr
     assert out.read_text() == "old scored\n" and not stats.exists()
     assert not list(tmp_path.glob(".*.tmp"))
 

@@ -290,6 +290,7 @@ class AtomicJsonl:
             if exc_type is None:
                 self._out.flush()
             return
+        _name(exc, self.path)  # a write into the temp file failed (a full disk): name the output
         try:
             if exc_type is None:
                 self._out.flush()
@@ -297,8 +298,9 @@ class AtomicJsonl:
             self._out.close()
             if exc_type is None and not self.defer:
                 self.commit()
-        except BaseException:
+        except BaseException as e:
             self.abort()
+            _name(e, self.path)
             raise
         if exc_type is not None:
             self.abort()
@@ -319,6 +321,13 @@ class AtomicJsonl:
         if self._tmp is not None:
             Path(self._tmp).unlink(missing_ok=True)
             self._tmp = None
+
+
+def _name(exc: BaseException | None, path: str) -> None:
+    """An OSError from writing an output's file descriptor carries no file name: give it
+    the output's, so the one-line error names the file, not stdout."""
+    if isinstance(exc, OSError) and exc.filename is None:
+        exc.filename = path
 
 
 @contextmanager
