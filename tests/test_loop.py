@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -359,3 +360,20 @@ def test_adapt_summary_model_condenses_the_critiques():
     assert "right sum" in engine.calls[0][0].messages[-1]["content"]
     assert "It adds well." in engine.calls[1][0].messages[-1]["content"]
     assert cands and cands[0].extra["candidate"]["critique"] == "It adds well."
+
+
+def test_a_verdict_only_judge_is_trained_with_the_verdict_objective(tmp_path, tiny_model):
+    """[judge] max_tokens = 0: the judge's samples are bare verdicts, so train-rm's default
+    objective (auto) trains the verdict token of every judged step (rlany.verdict), and
+    the next iteration judges with that adapter."""
+    config = _config(tmp_path, tiny_model, step_feedback=True, rm_training=True,
+                     env_adaptation=False)
+    Path(config).write_text(Path(config).read_text().replace(
+        "[judge]\nm = 3\n", "[judge]\nm = 3\nmax_tokens = 0\n"))
+    loop = _run(config)
+    trained = [json.loads((loop.dir / f"iter_{it:03d}" / "rm" / "rlany.json").read_text())
+               for it in (0, 1) if (loop.dir / f"iter_{it:03d}" / "rm").exists()]
+    assert trained and all(t["options"]["objective"] == "expected" for t in trained)
+    judged = [j for j in read_jsonl(loop.dir / "iter_000" / "judgments.jsonl") if j["steps"]]
+    assert judged and all(s["text"] in ("\\boxed{+1}", "\\boxed{-1}")
+                          for j in judged for st in j["steps"] for s in st["samples"])
