@@ -439,7 +439,7 @@ def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: l
         acc.sync_gradients = last  # DeepSpeed steps its engine at the boundary only
         with nullcontext() if last else acc.no_sync(model):
             batch = [samples[shortest if i is None else i] for i in idx]
-            if objective in ("expected", "logloss"):
+            if objective in VERDICT_OBJECTIVES:
                 real = torch.tensor([float(i is not None) for i in idx])
                 parts = verdict_loss(
                     forward(batch), torch.tensor(batch[0].choice_values),
