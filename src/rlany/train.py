@@ -49,9 +49,9 @@ from rlany.records import Scored, Trajectory
 
 # the options (flags, loop keys, defaults) are defined once, in rlany.train_stage
 from rlany.train_stage import TrainFields, TrainOptions  # noqa: E402
+from rlany.verdict import OBJECTIVES as VERDICT_OBJECTIVES
 
 OLD_LOGPROBS = ("auto", "recompute", "generation")
-VERDICT_OBJECTIVES = ("expected", "logloss")  # rlany.verdict
 OBJECTIVES = ("ppo", "nll", *VERDICT_OBJECTIVES)
 
 
