@@ -54,6 +54,16 @@ def run_cli(*args: str, cwd: Path | None = None, stdin: str | None = None,
                           capture_output=True, text=True, env=full_env, timeout=600)
 
 
+def one_line(r, code: int) -> str:
+    """A finished command's exit code is `code` and its stderr ends in exactly one error
+    line, with no traceback: that line."""
+    assert r.returncode == code, (r.returncode, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith(("error:", "usage error:", "internal"))]
+    assert errors == lines[-1:] and "Traceback" not in r.stderr, r.stderr
+    return lines[-1]
+
+
 @pytest.fixture
 def cli():
     return run_cli

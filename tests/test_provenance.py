@@ -12,17 +12,9 @@ import shutil
 
 import pytest
 
-from conftest import make_judgment, make_traj, read_jsonl, write_jsonl
+from conftest import make_judgment, make_traj, one_line, read_jsonl, write_jsonl
 from rlany.envs.reasoning import make_tasks
 from rlany.errors import RlanyError
-
-
-def one_line(r, code):
-    assert r.returncode == code, (r.returncode, r.stderr)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith(("error:", "usage error:", "internal"))]
-    assert errors == lines[-1:] and "Traceback" not in r.stderr, r.stderr
-    return lines[-1]
 
 
 @pytest.fixture

@@ -18,16 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_judgment, make_traj, write_jsonl
+from conftest import make_judgment, make_traj, one_line, write_jsonl
 from rlany.envs.reasoning import make_tasks
-
-
-def one_line(r, code):
-    assert r.returncode == code, (r.returncode, r.stderr)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith(("error:", "usage error:", "internal"))]
-    assert errors == lines[-1:] and "Traceback" not in r.stderr, r.stderr
-    return lines[-1]
 
 
 @pytest.fixture

@@ -69,6 +69,25 @@ class Edit:
 DIRECTIONS = ("harder", "easier")
 
 
+def save_screen(data: bytes, ext: str = "png") -> str:
+    """An image observation as a file named by its content (sha256) under the cache's
+    `screens/` directory, written atomically once; its path. Shared by the GUI envs."""
+    import hashlib
+    import os
+    import tempfile
+
+    from rlany.models import cache_dir
+
+    path = cache_dir().parent / "screens" / f"{hashlib.sha256(data).hexdigest()[:24]}.{ext}"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    return str(path)
+
+
 def split_obs(obs: str | Observation) -> tuple[str, list[str]]:
     if isinstance(obs, Observation):
         return obs.text, [str(p) for p in obs.images]

@@ -38,16 +38,13 @@ info["browser_retries"] and said on stderr. A second failure ends the episode as
 
 from __future__ import annotations
 
-import hashlib
-import os
 import random
 import re
-import tempfile
 import time
 import weakref
 from pathlib import Path
 
-from rlany.envs import Edit, Observation, StepResult, parse_action
+from rlany.envs import Edit, Observation, StepResult, parse_action, save_screen
 from rlany.envs import miniwob_page as page
 from rlany.envs.browser import browser
 from rlany.errors import RlanyError
@@ -84,12 +81,6 @@ def html_dir() -> Path:
         raise RlanyError(f"the miniwob environment needs the miniwob package ({e})",
                          hint="pip install 'rlany[gui]' (or make install)") from e
     return Path(HTML_DIR) / "miniwob"
-
-
-def screens_dir() -> Path:
-    from rlany.models import cache_dir
-
-    return cache_dir().parent / "screens"
 
 
 class MiniwobEnv:
@@ -255,15 +246,7 @@ class MiniwobEnv:
     def _shot(self) -> str:
         from selenium.webdriver.common.by import By
 
-        png = browser().driver.find_element(By.ID, "wrap").screenshot_as_png
-        path = screens_dir() / f"{hashlib.sha256(png).hexdigest()[:24]}.png"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(png)
-            os.replace(tmp, path)
-        return str(path)
+        return save_screen(browser().driver.find_element(By.ID, "wrap").screenshot_as_png)
 
     def _act(self, action: str) -> None:
         from selenium.webdriver.common.action_chains import ActionChains

@@ -34,7 +34,6 @@ import atexit
 import base64
 import binascii
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -46,7 +45,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 from rlany.errors import RlanyError
 
@@ -226,12 +224,6 @@ def _last_line(log) -> str:
     return lines[-1][:200] if lines else "(no output)"
 
 
-def screens_dir() -> Path:
-    from rlany.models import cache_dir
-
-    return cache_dir().parent / "screens"
-
-
 def save_images(value, field: str) -> list[str]:
     """Image files (PNG, named by content) for a field's value; [] when it is empty."""
     if value is None or value == [] or value == "":
@@ -259,11 +251,6 @@ def save_images(value, field: str) -> list[str]:
     except (ValueError, TypeError, binascii.Error, OSError) as e:
         raise RlanyError(f"openenv: observation field {field!r} is not an image "
                          f"(base64 PNG/JPEG or an H x W (x C) list of 0-255): {e}") from None
-    path = screens_dir() / f"{hashlib.sha256(data).hexdigest()[:24]}.{ext}"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    return [str(path)]
+    from rlany.envs import save_screen
+
+    return [save_screen(data, ext)]
