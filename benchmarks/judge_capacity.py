@@ -232,13 +232,21 @@ def finetune(model, cache, train_idx, targets, test_idx, test_labels, at, *, k: 
             steps += 1
     seconds = time.time() - t0
     top.eval()
+    return {"optimizer_steps": steps, "train_seconds": round(seconds, 1),
+            **heldout(top, cache, test_idx, test_labels, at)}
+
+
+def heldout(top, cache, test_idx, test_labels, at) -> dict:
+    """A judge's verdicts on the held-out steps: balanced accuracy greedy and sampled at
+    T 0.8, and the share it calls +1."""
+    import torch
+
     p_pos = []
     with torch.no_grad():
         for b in range(0, len(test_idx), 16):
             logq = top_logq(top, cache, test_idx[b:b + 16], at.tokens)
             p_pos += logq[:, at.values.index(1.0)].exp().tolist()
-    return {"optimizer_steps": steps, "train_seconds": round(seconds, 1),
-            "heldout_bal_acc_greedy": round(balanced_accuracy(test_labels, p_pos, None), 4),
+    return {"heldout_bal_acc_greedy": round(balanced_accuracy(test_labels, p_pos, None), 4),
             "heldout_bal_acc_t08": round(balanced_accuracy(test_labels, p_pos, 0.8), 4),
             "heldout_pos_share": round(sum(p > 0.5 for p in p_pos) / len(p_pos), 4)}
 
@@ -373,7 +381,7 @@ def main(argv=None) -> int:
     labels = [r["label"] for r in rows]
     test_labels = [labels[i] for i in test_idx]
     # the base judge, untrained (greedy and sampled at 0.8)
-    base = finetune_base(model, cache, test_idx, test_labels, at, args.k)
+    base = heldout(top_model(model, args.k), cache, test_idx, test_labels, at)
     results.update({
         "what": "held-out balanced accuracy of a SmolLM2-135M judge's verdict against the "
                 "household env's step labels, trained on N labelled steps (supervised, "
@@ -429,21 +437,6 @@ def main(argv=None) -> int:
         from common import write_readme_block
         write_readme_block("judge-capacity-table", table(results))
     return 0
-
-
-def finetune_base(model, cache, test_idx, test_labels, at, k: int) -> dict:
-    """The untrained judge on the held-out steps (through the same top-K path)."""
-    import torch
-
-    top = top_model(model, k)
-    p_pos = []
-    with torch.no_grad():
-        for b in range(0, len(test_idx), 16):
-            logq = top_logq(top, cache, test_idx[b:b + 16], at.tokens)
-            p_pos += logq[:, at.values.index(1.0)].exp().tolist()
-    return {"heldout_bal_acc_greedy": round(balanced_accuracy(test_labels, p_pos, None), 4),
-            "heldout_bal_acc_t08": round(balanced_accuracy(test_labels, p_pos, 0.8), 4),
-            "heldout_pos_share": round(sum(p > 0.5 for p in p_pos) / len(p_pos), 4)}
 
 
 if __name__ == "__main__":
