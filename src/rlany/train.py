@@ -271,6 +271,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
 
     from rlany import train_state as state
     from rlany.compat import accepts_logits_to_keep
+    from rlany.shared_prefix import shareable, shared_logprobs
     from rlany.verdict import choice_logprobs
 
     started = time.perf_counter()
@@ -288,11 +289,17 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     state.save_trainable_only(acc, model)
 
     keep = accepts_logits_to_keep(model)
+    share = opts.share_prefix and keep and shareable(acc.unwrap_model(model))
 
     def forward(batch: list[Sample]):
         if objective in VERDICT_OBJECTIVES:  # log q(choice | prompt), (B, C)
             return choice_logprobs(model, [s.prompt_ids for s in batch],
-                                   batch[0].choice_ids, pad, acc.device)
+                                   batch[0].choice_ids, pad, acc.device, share)
+        if share:  # each shared prefix once (rlany.shared_prefix): the same numbers
+            logp, resp = shared_logprobs(model, [s.prompt_ids + s.response_ids for s in batch],
+                                         [len(s.prompt_ids) - 1 for s in batch], pad,
+                                         acc.device)
+            return logp, resp, torch.tensor([s.advantage for s in batch], device=acc.device)
         return response_logprobs(model, collate(batch, pad), acc.device, keep)
 
     partial = output.with_name(output.name + ".partial")

@@ -61,6 +61,9 @@ class TrainFields:
                      choices=("auto", "float32", "bfloat16"))
     save_every: int = opt(1, "Save the resumable state every this many optimizer steps.", min=1)
     max_steps: int | None = opt(None, "Stop after this many optimizer steps.", min=1)
+    share_prefix: bool = opt(True, "Run each prefix that samples of a micro-batch share once "
+                             "(the same loss and gradients, less compute; sdpa or eager "
+                             "attention, else off).", diagnostic=True)
 
     def check(self, name) -> None:
         if not self.target_modules.strip(" ,"):

@@ -128,12 +128,20 @@ def class_weights(targets: list[float], balance: bool) -> list[float]:
     return [k / (2 * k_pos) if t > 0 else k / (2 * (k - k_pos)) for t in targets]
 
 
-def choice_logprobs(model, prompts: list[list[int]], tokens: list[int], pad_id: int, device):
+def choice_logprobs(model, prompts: list[list[int]], tokens: list[int], pad_id: int, device,
+                    share: bool = False):
     """log q(c | x) for each prompt (left-padded, one forward, the LM head at the last
-    position only): (B, C)."""
+    position only): (B, C). With `share`, the prompts' shared prefixes run once
+    (`rlany.shared_prefix`: the same numbers)."""
     import torch
 
     from rlany.compat import accepts_logits_to_keep
+    if share:
+        from rlany.shared_prefix import shared_logits
+        last = [len(p) - 1 for p in prompts]
+        z = torch.stack([x[-1] for x in shared_logits(model, prompts, last, last, pad_id,
+                                                       device)])
+        return torch.log_softmax(z[:, tokens], -1)
 
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)

@@ -1,0 +1,165 @@
+"""Shared prefixes computed once in training: a micro-batch's forward (and so its backward)
+runs each token that several samples share once, with exactly the numbers of running every
+sample on its own.
+
+The samples of an RL step share much of their prompts: every household prompt opens with the
+same system and instruction block, the n rollouts of a task start from one prompt, and a
+step's prompt holds the steps before it. Two ways of sharing, used together:
+
+1. **The micro-batch's common prefix** (the longest prefix of every sample, up to the first
+   token whose next token is scored) runs once as a sequence of its own; its keys and values
+   (a transformers `DynamicCache`) are repeated for each row of step 2. The repeat is an
+   ordinary differentiable op, so the prefix's backward receives the sum of every row's
+   gradient: the same as each sample computing its own copy.
+2. **Prefix trees** of the rest: samples whose remainders share a prefix (sorted, neighbours
+   share most) are packed into one row as a tree. Each token is a node; a node attends to the
+   common prefix and to its ancestors in the tree (a 4-D attention mask), and its position is
+   its depth, so its hidden states are those of the sample's own causal pass. A node's
+   logits predict the next token of every sample through it. A row holds at most
+   `max_row` nodes: attention over a row costs its length squared (a row of unrelated samples
+   would cost more attention than it saves), so samples that share little stay in rows of
+   their own.
+
+Only the causal LM's own attention implementations that take a 4-D mask are used ("sdpa",
+"eager"); anything else (flash-attention kernels, which take no 4-D mask) makes
+`shareable()` false and the trainer runs the plain padded batch. Exactness is tested
+against that plain batch (fp32: the loss and every LoRA gradient to a tight tolerance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_SHARED = 8  # tokens two remainders must share to go into one row
+MAX_ROW = 640  # nodes in one packed row (attention is quadratic in it)
+
+
+def shareable(model) -> bool:
+    """Whether the model's attention takes the 4-D masks this needs."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+
+
+def common_prefix(seqs: list[list[int]], limit: int) -> int:
+    """Length of the longest prefix every sequence starts with, at most `limit`."""
+    n = 0
+    first = seqs[0]
+    while n < limit and all(len(s) > n and s[n] == first[n] for s in seqs):
+        n += 1
+    return n
+
+
+@dataclass
+class Row:
+    """One packed row: a prefix tree of some samples' remainders."""
+
+    tokens: list[int]  # node -> token id
+    depth: list[int]  # node -> its depth (0 = the first token after the common prefix)
+    paths: dict[int, list[int]]  # sample index -> its nodes, in order
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def pack_rows(rests: list[list[int]], min_shared: int = MIN_SHARED,
+              max_row: int = MAX_ROW) -> list[Row]:
+    """Prefix trees of the remainders: sorted, a sample joins the row of the one before it
+    where they share at least `min_shared` tokens and the row stays within `max_row` nodes
+    (a sample longer than that gets a row of its own)."""
+    order = sorted(range(len(rests)), key=lambda i: rests[i])
+    rows: list[Row] = []
+    children: list[dict] = []  # per row: (parent node, token) -> node
+    prev = None
+    for i in order:
+        seq = rests[i]
+        shared = _lcp(rests[prev], seq) if prev is not None else 0
+        if rows and shared >= min_shared and len(rows[-1].tokens) + len(seq) - shared <= max_row:
+            row, kids = rows[-1], children[-1]
+        else:
+            row, kids = Row([], [], {}), {}
+            rows.append(row)
+            children.append(kids)
+        path, parent = [], -1
+        for depth, tok in enumerate(seq):
+            node = kids.get((parent, tok))
+            if node is None:
+                node = kids[(parent, tok)] = len(row.tokens)
+                row.tokens.append(tok)
+                row.depth.append(depth)
+            path.append(node)
+            parent = node
+        row.paths[i] = path
+        prev = i
+    return rows
+
+
+def shared_logits(model, seqs: list[list[int]], firsts: list[int], lasts: list[int],
+                  pad_id: int, device, min_shared: int = MIN_SHARED, max_row: int = MAX_ROW):
+    """The logits at positions firsts[i]..lasts[i] of each sequence (a list of (n_i, V)
+    fp32 tensors), every shared prefix computed once."""
+    import torch
+
+    shared = common_prefix(seqs, min(firsts))  # ends before the first position asked for
+    rows = pack_rows([s[shared:] for s in seqs], min_shared, max_row)
+    width = max(len(r.tokens) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    attend = torch.zeros((len(rows), width, shared + width), dtype=torch.bool)
+    attend[:, :, :shared] = True  # every node sees the common prefix
+    wanted = []  # (sample, row, its nodes at the positions asked for)
+    for r, row in enumerate(rows):
+        n = len(row.tokens)
+        ids[r, :n] = torch.tensor(row.tokens)
+        pos[r, :n] = torch.tensor(row.depth) + shared
+        tree = attend[r, :, shared:]
+        for i, path in row.paths.items():
+            p = torch.tensor(path)
+            below = torch.tril(torch.ones(len(p), len(p), dtype=torch.bool))  # t sees 0..t
+            tree[p[:, None].expand(-1, len(p))[below], p[None, :].expand(len(p), -1)[below]] = 1
+            wanted.append((i, r, path[firsts[i] - shared:lasts[i] - shared + 1]))
+        idx = torch.arange(n, width)
+        attend[r, idx, shared + idx] = True  # padding nodes see themselves (no empty row)
+    columns = sorted({node for _, _, nodes in wanted for node in nodes})  # LM head only there
+    index = {node: c for c, node in enumerate(columns)}
+    past = None
+    if shared:
+        past = model(input_ids=torch.tensor([seqs[0][:shared]], device=device), use_cache=True,
+                     logits_to_keep=1).past_key_values
+        if len(rows) > 1:
+            past.batch_repeat_interleave(len(rows))  # differentiable: gradients add up
+    mask = attend[:, None].to(device)
+    if getattr(model.config, "_attn_implementation", None) == "eager":  # additive mask
+        dtype = next(p for p in model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
+            ~mask, torch.finfo(dtype).min)
+    logits = model(input_ids=ids.to(device), position_ids=pos.to(device), attention_mask=mask,
+                   past_key_values=past, use_cache=past is not None,
+                   logits_to_keep=torch.tensor(columns, device=device)).logits.float()
+    out = [None] * len(seqs)
+    for i, r, nodes in wanted:
+        out[i] = logits[r, torch.tensor([index[n] for n in nodes], device=device)]
+    return out
+
+
+def shared_logprobs(model, seqs: list[list[int]], firsts: list[int], pad_id: int, device,
+                    min_shared: int = MIN_SHARED, max_row: int = MAX_ROW):
+    """Log-probs of each sample's scored tokens: sample i's tokens seqs[i][firsts[i] + 1:],
+    each predicted from the one before it. Returns (logp (B, R), mask (B, R)), row i's
+    len(seqs[i]) - 1 - firsts[i] values left-aligned (the layout `rlany.losses` takes)."""
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    logits = shared_logits(model, seqs, firsts, [len(s) - 2 for s in seqs], pad_id, device,
+                           min_shared, max_row)
+    picked = []
+    for seq, first, z in zip(seqs, firsts, logits, strict=True):
+        targets = torch.tensor(seq[first + 1:], device=z.device)
+        picked.append(z.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(z, dim=-1))
+    logp = pad_sequence(picked, batch_first=True)
+    resp = pad_sequence([torch.ones(len(p), dtype=torch.bool, device=logp.device)
+                         for p in picked], batch_first=True)
+    return logp, resp
