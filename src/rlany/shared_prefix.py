@@ -12,13 +12,12 @@ step's prompt holds the steps before it. Two ways of sharing, used together:
    ordinary differentiable op, so the prefix's backward receives the sum of every row's
    gradient: the same as each sample computing its own copy.
 2. **Prefix trees** of the rest: samples whose remainders share a prefix (sorted, neighbours
-   share most) are packed into one row as a tree. Each token is a node; a node attends to the
-   common prefix and to its ancestors in the tree (a 4-D attention mask), and its position is
-   its depth, so its hidden states are those of the sample's own causal pass. A node's
-   logits predict the next token of every sample through it. A row holds at most
-   `max_row` nodes: attention over a row costs its length squared (a row of unrelated samples
-   would cost more attention than it saves), so samples that share little stay in rows of
-   their own.
+   share most) become one tree. Each token is a node; a node attends to the common prefix
+   and to its ancestors in its tree (a 4-D attention mask), and its position is its depth,
+   so its hidden states are those of the sample's own causal pass. A node's logits predict
+   the next token of every sample through it. Trees are packed into rows as wide as the
+   longest remainder (several trees to a row, never seeing each other), so padding is
+   small and attention, which costs a row's width squared, no dearer than the plain batch's.
 
 Only the causal LM's own attention implementations that take a 4-D mask are used ("sdpa",
 "eager"); anything else (flash-attention kernels, which take no 4-D mask) makes
@@ -30,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIN_SHARED = 8  # tokens two remainders must share to go into one row
-MAX_ROW = 640  # nodes in one packed row (attention is quadratic in it)
+MIN_SHARED = 8  # tokens two remainders must share to go into one tree
+MAX_ROW = 0  # a row's width at least (0: as wide as the longest remainder)
 
 
 def shareable(model) -> bool:
@@ -65,66 +64,94 @@ def _lcp(a: list[int], b: list[int]) -> int:
     return n
 
 
-def pack_rows(rests: list[list[int]], min_shared: int = MIN_SHARED,
-              max_row: int = MAX_ROW) -> list[Row]:
-    """Prefix trees of the remainders: sorted, a sample joins the row of the one before it
-    where they share at least `min_shared` tokens and the row stays within `max_row` nodes
-    (a sample longer than that gets a row of its own)."""
-    order = sorted(range(len(rests)), key=lambda i: rests[i])
-    rows: list[Row] = []
-    children: list[dict] = []  # per row: (parent node, token) -> node
+def _trees(rests: list[list[int]], min_shared: int, cap: int) -> list[Row]:
+    """Prefix trees of the remainders: sorted, a sample joins the tree of the one before it
+    where they share at least `min_shared` tokens and the tree stays within `cap` nodes."""
+    trees: list[Row] = []
+    kids: dict = {}  # the last tree's (parent node, token) -> node
     prev = None
-    for i in order:
+    for i in sorted(range(len(rests)), key=lambda i: rests[i]):
         seq = rests[i]
         shared = _lcp(rests[prev], seq) if prev is not None else 0
-        if rows and shared >= min_shared and len(rows[-1].tokens) + len(seq) - shared <= max_row:
-            row, kids = rows[-1], children[-1]
-        else:
-            row, kids = Row([], [], {}), {}
-            rows.append(row)
-            children.append(kids)
-        path, parent = [], -1
+        if not (trees and shared >= min_shared
+                and len(trees[-1].tokens) + len(seq) - shared <= cap):
+            trees.append(Row([], [], {}))
+            kids = {}
+        tree, path, parent = trees[-1], [], -1
         for depth, tok in enumerate(seq):
             node = kids.get((parent, tok))
             if node is None:
-                node = kids[(parent, tok)] = len(row.tokens)
-                row.tokens.append(tok)
-                row.depth.append(depth)
+                node = kids[(parent, tok)] = len(tree.tokens)
+                tree.tokens.append(tok)
+                tree.depth.append(depth)
             path.append(node)
             parent = node
-        row.paths[i] = path
+        tree.paths[i] = path
         prev = i
+    return trees
+
+
+def pack_rows(rests: list[list[int]], min_shared: int = MIN_SHARED,
+              max_row: int = MAX_ROW) -> list[Row]:
+    """The remainders as prefix trees (samples sharing at least `min_shared` tokens), the
+    trees packed first-fit-decreasing into rows as wide as the longest remainder (or
+    `max_row`, if wider): a row holds several trees, which never see each other, so rows
+    are full and padding small, and no row is wider than the plain batch's (attention
+    costs a row's width squared). On household RL steps (micro-batch 8) wider rows
+    computed fewer tokens but cost more attention than they saved."""
+    width = max(max(map(len, rests)), max_row)
+    rows: list[Row] = []
+    for tree in sorted(_trees(rests, min_shared, width), key=lambda t: -len(t.tokens)):
+        row = next((r for r in rows if len(r.tokens) + len(tree.tokens) <= width), None)
+        if row is None:
+            row = Row([], [], {})
+            rows.append(row)
+        base = len(row.tokens)
+        row.tokens += tree.tokens
+        row.depth += tree.depth
+        row.paths.update({i: [base + n for n in path] for i, path in tree.paths.items()})
     return rows
 
 
 def shared_logits(model, seqs: list[list[int]], firsts: list[int], lasts: list[int],
                   pad_id: int, device, min_shared: int = MIN_SHARED, max_row: int = MAX_ROW):
     """The logits at positions firsts[i]..lasts[i] of each sequence (a list of (n_i, V)
-    fp32 tensors), every shared prefix computed once."""
+    fp32 tensors), every shared prefix computed once.
+
+    A row's order of nodes is free (the mask and the positions say what each node is), so
+    the nodes whose logits are wanted go last in their row, right-aligned, and the LM head
+    runs over the last K columns only (K: the most any row wants)."""
     import torch
 
     shared = common_prefix(seqs, min(firsts))  # ends before the first position asked for
     rows = pack_rows([s[shared:] for s in seqs], min_shared, max_row)
+    want = []  # per row: {sample: its nodes at the positions asked for}
+    for row in rows:
+        want.append({i: path[firsts[i] - shared:lasts[i] - shared + 1]
+                     for i, path in row.paths.items()})
     width = max(len(r.tokens) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     pos = torch.zeros((len(rows), width), dtype=torch.long)
     attend = torch.zeros((len(rows), width, shared + width), dtype=torch.bool)
     attend[:, :, :shared] = True  # every node sees the common prefix
-    wanted = []  # (sample, row, its nodes at the positions asked for)
+    attend[:, :, shared:] = torch.eye(width, dtype=torch.bool)  # and itself (padding too)
+    keep = 0
+    slots = []  # per row: node -> its column
     for r, row in enumerate(rows):
-        n = len(row.tokens)
-        ids[r, :n] = torch.tensor(row.tokens)
-        pos[r, :n] = torch.tensor(row.depth) + shared
+        wanted = sorted({n for nodes in want[r].values() for n in nodes})
+        keep = max(keep, len(wanted))
+        rest = sorted(set(range(len(row.tokens))) - set(wanted))
+        slot = torch.empty(len(row.tokens), dtype=torch.long)
+        slot[rest] = torch.arange(len(rest))
+        slot[wanted] = torch.arange(width - len(wanted), width)
+        slots.append(slot)
+        ids[r, slot] = torch.tensor(row.tokens)
+        pos[r, slot] = torch.tensor(row.depth) + shared
         tree = attend[r, :, shared:]
-        for i, path in row.paths.items():
-            p = torch.tensor(path)
+        for path in row.paths.values():
+            p = slot[path]
             below = torch.tril(torch.ones(len(p), len(p), dtype=torch.bool))  # t sees 0..t
             tree[p[:, None].expand(-1, len(p))[below], p[None, :].expand(len(p), -1)[below]] = 1
-            wanted.append((i, r, path[firsts[i] - shared:lasts[i] - shared + 1]))
-        idx = torch.arange(n, width)
-        attend[r, idx, shared + idx] = True  # padding nodes see themselves (no empty row)
-    columns = sorted({node for _, _, nodes in wanted for node in nodes})  # LM head only there
-    index = {node: c for c, node in enumerate(columns)}
     past = None
     if shared:
         past = model(input_ids=torch.tensor([seqs[0][:shared]], device=device), use_cache=True,
@@ -138,10 +165,11 @@ def shared_logits(model, seqs: list[list[int]], firsts: list[int], lasts: list[i
             ~mask, torch.finfo(dtype).min)
     logits = model(input_ids=ids.to(device), position_ids=pos.to(device), attention_mask=mask,
                    past_key_values=past, use_cache=past is not None,
-                   logits_to_keep=torch.tensor(columns, device=device)).logits.float()
+                   logits_to_keep=keep).logits.float()  # (rows, keep, V): the last columns
     out = [None] * len(seqs)
-    for i, r, nodes in wanted:
-        out[i] = logits[r, torch.tensor([index[n] for n in nodes], device=device)]
+    for r, samples in enumerate(want):
+        for i, nodes in samples.items():
+            out[i] = logits[r, (slots[r][nodes] - (width - keep)).to(device)]
     return out
 
 
