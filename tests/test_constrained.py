@@ -50,3 +50,27 @@ def test_hf_engine_decodes_only_the_choices(tiny_model):
             assert c.text in choices and c.finish_reason == "stop", c.text
     # the random tiny model would not write these by itself: a free request stays free
     assert not all(c.text in choices for c in results[2].completions)
+
+
+def test_hf_choices_from_prefix_trees_equal_the_padded_passes(tiny_model, monkeypatch):
+    """The choice path's one pass over prefix trees (the default) gives the padded passes'
+    logits: the same picks for the same seed and the same log-probs."""
+    import rlany.engines.hf as hf_module
+    from rlany.engines.hf import HfEngine
+
+    eng = HfEngine(EngineConfig(kind="hf", model=tiny_model))
+    head = "You are a household robot. Answer with one admissible action. " * 3
+    reqs = [Request([{"role": "user", "content": head + tail}],
+                    Sampling(n=5, max_tokens=12, temperature=1.0, seed=7, logprobs=True,
+                             choices=choices))
+            for tail, choices in [("pick 1", ("go to table 1", "look")),
+                                  ("pick 1 then 2", ("go to table 1", "go to table 2", "look")),
+                                  ("other", ("take apple 1 from table 1", "inventory"))]]
+    runs = []
+    for share in (True, False):
+        monkeypatch.setattr(hf_module, "shareable", lambda net, share=share: share)
+        runs.append(eng.generate(reqs))
+    for tree, padded in zip(*runs, strict=True):
+        assert [c.text for c in tree.completions] == [c.text for c in padded.completions]
+        for a, b in zip(tree.completions, padded.completions, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)

@@ -24,6 +24,7 @@ from rlany.chat import render
 from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
 from rlany.errors import RlanyError
 from rlany.probe import Verifier, forward_logprobs
+from rlany.shared_prefix import shareable, shared_logits
 
 
 class HfEngine:
@@ -196,39 +197,20 @@ class HfEngine:
         choices' trie (what `generate` with the trie does) picks choice c with probability
         prod over its nodes of the tempered softmax restricted to the node's children (a
         node with one child is forced), top-p applied among them. All these logits come
-        from one prompt pass (its KV cache kept) and one pass over every choice's tokens:
-        on a CPU, `generate`'s decode steps cost several prompt passes (measured: the
-        judge's verdicts 5x faster). Same distribution; the random draws differ."""
+        from one pass over the prompts and every choice's tokens as prefix trees (each
+        shared prefix once; or, without 4-D masks, a prompt pass and a pass over the
+        choices): on a CPU, `generate`'s decode steps cost several prompt passes
+        (measured: the judge's verdicts 5x faster). Same distribution; the random draws
+        differ."""
         import torch
 
         s = requests[idx[0]].sampling
-        ids, mask = self._left_padded(prompts)
-        device = self.net.device
         rows = [(k, q) for k, choice_seqs in enumerate(seqs) for q in choice_seqs]
-        span = max(len(q) for _, q in rows) - 1
-        keep = {"logits_to_keep": 1} if self._keep else {}
         with self._use_adapter(requests[idx[0]].adapter), torch.no_grad():
-            out = self.net(input_ids=ids, attention_mask=mask,
-                           position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
-                           **keep)
-            first = out.logits[:, -1].float()
-            at = torch.tensor([k for k, _ in rows], device=device)
-            later = None
-            if span:
-                cache = out.past_key_values
-                cache.reorder_cache(at)
-                cont = torch.tensor([q[:-1] + [self._pad] * (span - len(q) + 1) for _, q in rows],
-                                    device=device)
-                cmask = torch.tensor([[1] * (len(q) - 1) + [0] * (span - len(q) + 1)
-                                      for _, q in rows], device=device)
-                plen = mask.sum(-1)[at]
-                later = self.net(input_ids=cont, attention_mask=torch.cat([mask[at], cmask], 1),
-                                 position_ids=plen[:, None] + torch.arange(span, device=device),
-                                 past_key_values=cache).logits.float()
-        # logits[r][t]: the logits before token t of row r's choice
-        def logits(r: int, t: int):
-            return first[rows[r][0]] if t == 0 else later[r, t - 1]
-
+            if self._keep and shareable(self.net):  # one pass, shared prefixes once
+                logits = self._tree_logits(prompts, rows)
+            else:
+                logits = self._padded_logits(prompts, rows)
         torch.manual_seed(s.seed if s.seed is not None else self.seed + self.stats.calls)
         start = 0
         for k, i in enumerate(idx):
@@ -248,6 +230,46 @@ class HfEngine:
                 completions.append(Completion(text=self.decode(q), token_ids=list(q),
                                               finish_reason="stop", logprobs=lp))
             results[i] = Result(prompt_token_ids=prompts[k], completions=completions)
+
+    def _tree_logits(self, prompts: list[list[int]], rows: list[tuple[int, list[int]]]):
+        """logits(r, t), the logits before token t of row r's choice, from one pass over
+        the prompts and every choice as prefix trees (`rlany.shared_prefix`): what the
+        prompts share (the instructions, a task's earlier turns, a trajectory's steps in
+        the judge's prompts) runs once."""
+        seqs = [prompts[k] + q[:-1] for k, q in rows]
+        firsts = [len(prompts[k]) - 1 for k, _ in rows]
+        out = shared_logits(self.net, seqs, firsts, [len(x) - 1 for x in seqs], self._pad,
+                            self.net.device)
+        return lambda r, t: out[r][t]
+
+    def _padded_logits(self, prompts: list[list[int]], rows: list[tuple[int, list[int]]]):
+        """logits(r, t) from one left-padded prompt pass (its KV cache kept) and one pass
+        over every choice's tokens (attention implementations without 4-D masks)."""
+        import torch
+
+        ids, mask = self._left_padded(prompts)
+        device = self.net.device
+        span = max(len(q) for _, q in rows) - 1
+        keep = {"logits_to_keep": 1} if self._keep else {}
+        out = self.net(input_ids=ids, attention_mask=mask,
+                       position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+                       **keep)
+        first = out.logits[:, -1].float()
+        at = torch.tensor([k for k, _ in rows], device=device)
+        later = None
+        if span:
+            cache = out.past_key_values
+            cache.reorder_cache(at)
+            cont = torch.tensor([q[:-1] + [self._pad] * (span - len(q) + 1) for _, q in rows],
+                                device=device)
+            cmask = torch.tensor([[1] * (len(q) - 1) + [0] * (span - len(q) + 1)
+                                  for _, q in rows], device=device)
+            plen = mask.sum(-1)[at]
+            later = self.net(input_ids=cont, attention_mask=torch.cat([mask[at], cmask], 1),
+                             position_ids=plen[:, None] + torch.arange(span, device=device),
+                             past_key_values=cache).logits.float()
+        # logits(r, t): the logits before token t of row r's choice
+        return lambda r, t: first[rows[r][0]] if t == 0 else later[r, t - 1]
 
     @staticmethod
     def _walk(mine: list[int], r: int, logits, temperature: float, top_p: float,
