@@ -55,6 +55,7 @@ from common import RESULTS, check_name, save, write_readme_block  # noqa: E402
 
 from rlany.evaluate import gain_interval, wilson_interval  # noqa: E402
 
+HOUSEHOLD_LEARN = "household/learn.toml"  # judge_heldout.py's steps are this config's
 JUDGED_EVAL = ["--set", "eval.judge=true"]  # arms with a judge: its step accuracy, base and final
 ARMS = {
     "policy-only": ["--no-step-feedback", "--no-rm-training", "--no-env-adaptation"],
@@ -137,6 +138,9 @@ def summarize_run(run: Path) -> dict | None:
             "stage_seconds": [m.get("seconds") for m in metrics],
             "judge_on_rollouts": [judge_on_rollouts(d) for d in sorted(run.glob("iter_*"))],
             "seconds": round(sum(sum((m.get("seconds") or {}).values()) for m in metrics), 1),
+            # base and trained judges on fixed held-out labelled steps (judge_heldout.py)
+            "judge_heldout": json.loads((run / "judge_heldout.json").read_text())
+            if (run / "judge_heldout.json").exists() else None,
             # the run's own resolved config: what it ran with, also under --report-only
             "config": json.loads((run / "config.json").read_text())
             if (run / "config.json").exists() else None}
@@ -219,6 +223,34 @@ def arm_summary(runs: list[dict]) -> dict:
             if all(r.get("judge_on_rollouts") for r in runs) else None,
             "warm_start": warm_start,
             "minutes_per_run": mean(r["seconds"] / 60 for r in runs)}
+
+
+def headline(by_arm: dict[str, list[dict]]) -> dict:
+    """The two figures the judge's issue asks of a config, each with its 95% interval:
+    `judge_gain`, the held-out judge step accuracy (judge_heldout.py: fixed labelled steps)
+    final minus base under consistency feedback alone (the +rm arm: no labels anywhere),
+    mean over seeds (t-interval over seeds; one seed: its bootstrap over tasks); and
+    `full_minus_policy_only`, final held-out success pooled over seeds (Newcombe)."""
+    out: dict = {"judge_gain": None, "full_minus_policy_only": None}
+    finals = [r["judge_heldout"]["judges"][r["judge_heldout"]["final"]]
+              for r in by_arm.get("+rm", []) if r.get("judge_heldout")
+              and r["judge_heldout"].get("final")]
+    if finals:
+        gains = [f["gain"] for f in finals]
+        out["judge_gain"] = {"value": round(sum(gains) / len(gains), 4),
+                             "ci95": _t_interval(gains) if len(gains) > 1
+                             else finals[0]["gain_ci95"],
+                             "per_seed": gains, "seeds": len(gains),
+                             "base": [r["judge_heldout"]["judges"]["base"]["bal_acc"]
+                                      for r in by_arm["+rm"] if r.get("judge_heldout")]}
+    full, only = by_arm.get("full"), by_arm.get("policy-only")
+    if full and only:
+        k1, n1 = (sum(r["final"][k] for r in full) for k in ("successes", "episodes"))
+        k0, n0 = (sum(r["final"][k] for r in only) for k in ("successes", "episodes"))
+        out["full_minus_policy_only"] = {"value": round(k1 / n1 - k0 / n0, 4),
+                                         "ci95": gain_interval(k1, n1, k0, n0),
+                                         "seeds": [len(full), len(only)]}
+    return out
 
 
 def table(arms: dict) -> str:
@@ -319,6 +351,13 @@ def main() -> dict:
             for arm in args.arms:
                 name = f"{arm.strip('+')}{f'-{args.tag}' if args.tag else ''}-s{seed}"
                 run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
+                run = Path(args.runs_dir) / name
+                if ("--rm-training" in ARMS[arm] and HOUSEHOLD_LEARN in args.config
+                        and not (run / "judge_heldout.json").exists()):
+                    # the trained judges on fixed held-out labelled steps: judge_gain
+                    subprocess.run([sys.executable, str(Path(__file__).parent /
+                                                        "judge_heldout.py"), str(run)],
+                                   check=True)
     by_arm = collect(Path(args.runs_dir))  # every evaluated run there, not only these
     if not by_arm:
         raise SystemExit(f"no evaluated runs under {args.runs_dir}")
@@ -334,7 +373,8 @@ def main() -> dict:
     if args.readme:
         write_readme_block(f"{bench}-table", text)
     result = {"metric": "held-out success per arm, pooled over seeds (base -> final)",
-              "config": args.config, "sets": sets, "arms": arms, "runs": by_arm,
+              "config": args.config, "sets": sets, **headline(by_arm), "arms": arms,
+              "runs": by_arm,
               "seconds": round(time.perf_counter() - started, 1),
               "note": "run alone on the machine (one CPU-heavy process at a time)"}
     save(bench, result)

@@ -10,6 +10,16 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 name=${DEMO_NAME:-demo}
 rlany models prepare smollm2 >/dev/null
+if [ -z "${DEMO_CONFIG:-}" ]; then  # what learn.toml took, measured alone on 2 cores
+  python - <<'PY' >&2
+from rlany.compat import machine_profile
+p = machine_profile()
+kind, minutes = (("AVX-512 + native bf16", 14) if p["dtype"] == "bfloat16"
+                 else ("no native bf16 (fp32 training)", 55))
+print(f"demo: about {minutes} minutes on a 2-core CPU with {kind}, as this one "
+      f"({p['cpu_capability']}, {p['cores']} cores usable); rerun to resume after a kill")
+PY
+fi
 rlany loop "${DEMO_CONFIG:-examples/household/learn.toml}" --name "$name"
 rlany report "runs/$name"
 echo "demo: see runs/$name/report/report.md and its PNG plots" >&2

@@ -1,0 +1,115 @@
+"""The judge of a loop run, base and trained, on one fixed set of held-out labelled steps:
+the figure behind the learning benchmark's `judge_gain`.
+
+The steps are the judge-capacity benchmark's held-out set (`judge_capacity.py`): 3 episodes
+of a seeded expert/random mix on each of `learn.toml`'s 32 held-out tasks, each step with
+the env's own label, in exactly the judge prompts `learn.toml` builds (history 1, obs lines
+1). Unlike `rlany eval --judge` (the last steps of the policy's own held-out episodes: ~128
+steps, about a tenth of them good, so one run's balanced accuracy moves by +-0.1 at random),
+every judge here sees the same 355 steps, a third of them good, so base and trained judges
+are compared step by step. For each run under the given directories: the base model and
+each iteration's reward-model adapter that is still on disk (`RUN/iter_*/rm`; the loop keeps
+the last `keep_last`); the verdict is the greedy choice between the two verdicts at their
+branch token (the judge's verdict when its temperature goes to 0). The gain's 95% interval
+is a bootstrap over tasks (steps of one task are correlated), 2,000 resamples.
+
+Writes RUN/judge_heldout.json, which `learning.py` reads into each run's summary.
+
+    python benchmarks/judge_heldout.py runs/learning-judge/rm-s0 [RUN ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from judge_capacity import HELD_OUT, balanced_accuracy, encode, episodes, judged_steps  # noqa: E402
+
+
+def p_positive(model, prompts, at, pad: int) -> list[float]:
+    """P(+1) of the verdict at the branch for each prompt (no grad, 16 at a time)."""
+    import torch
+
+    from rlany.verdict import choice_logprobs
+    out = []
+    with torch.no_grad():
+        for b in range(0, len(prompts), 16):
+            logq = choice_logprobs(model, prompts[b:b + 16], at.tokens, pad, "cpu", share=True)
+            out += logq[:, at.values.index(1.0)].exp().tolist()
+    return out
+
+
+def bootstrap_gain(rows, labels, base, trained, n: int = 2000, seed: int = 0) -> list[float]:
+    """95% interval of balanced accuracy (trained - base), resampling tasks."""
+    tasks = sorted({r["task"] for r in rows})
+    by_task = {t: [i for i, r in enumerate(rows) if r["task"] == t] for t in tasks}
+    rng = random.Random(seed)
+    diffs = []
+    for _ in range(n):
+        idx = [i for t in rng.choices(tasks, k=len(tasks)) for i in by_task[t]]
+        lab = [labels[i] for i in idx]
+        if len(set(lab)) < 2:
+            continue
+        diffs.append(balanced_accuracy(lab, [trained[i] for i in idx], None)
+                     - balanced_accuracy(lab, [base[i] for i in idx], None))
+    diffs.sort()
+    return [round(diffs[int(0.025 * len(diffs))], 4), round(diffs[int(0.975 * len(diffs))], 4)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--seed", type=int, default=0, help="the held-out set's seed (as "
+                    "judge_capacity.py: episodes drawn with seed + 1)")
+    args = ap.parse_args(argv)
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlany.models import resolve_model
+
+    rows = judged_steps(episodes(HELD_OUT, 3, args.seed + 1))
+    labels = [r["label"] for r in rows]
+    base_path = resolve_model("smollm2")
+    tok = AutoTokenizer.from_pretrained(base_path)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    prompts, at = encode(tok, rows)
+    net = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
+    t0 = time.time()
+    base = p_positive(net, prompts, at, pad)
+    base_seconds = time.time() - t0
+    for run in args.runs:
+        judges = {"base": {"bal_acc": round(balanced_accuracy(labels, base, None), 4),
+                           "pos_share": round(sum(p > 0.5 for p in base) / len(base), 4)}}
+        final = None
+        for it_dir in sorted(run.glob("iter_*")):
+            adapter = it_dir / "rm"
+            if not (adapter / "adapter_config.json").exists():
+                continue
+            model = PeftModel.from_pretrained(net, str(adapter)).eval()
+            p = p_positive(model, prompts, at, pad)
+            net = model.unload()  # the base weights again, the adapter's layers out
+            judges[it_dir.name] = {
+                "bal_acc": round(balanced_accuracy(labels, p, None), 4),
+                "pos_share": round(sum(x > 0.5 for x in p) / len(p), 4),
+                "gain": round(balanced_accuracy(labels, p, None)
+                              - balanced_accuracy(labels, base, None), 4),
+                "gain_ci95": bootstrap_gain(rows, labels, base, p)}
+            final = it_dir.name
+        result = {"what": "balanced accuracy of the judge's greedy verdict against the env's "
+                          "step labels on the judge-capacity held-out steps",
+                  "steps": len(rows), "good_steps": sum(x > 0 for x in labels),
+                  "tasks": len({r["task"] for r in rows}), "judges": judges, "final": final,
+                  "seconds_per_judge": round(base_seconds, 1)}
+        (run / "judge_heldout.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps({"run": str(run), **judges}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
