@@ -83,20 +83,28 @@ def test_branch_of_the_judge_choices_is_one_token(tiny_model):
 
 
 def test_score_sets_rm_target_on_every_judged_step_of_a_kept_task():
-    """rm_target = R_it on each judged step of a task within the rm range, agreeing
-    verdicts included (the sampled estimator drops those); None outside the range."""
+    """rm_target = O_i (default) or R_it (`integrated`) on each judged step of a task within
+    the rm range, agreeing verdicts included (the sampled estimator drops those); None
+    outside the range. The sampled estimator's consistency reward is R_it · S either way."""
     trajs = [make_traj("t", i, 1 if i == 0 else -1, n_steps=2) for i in range(4)]
     scores = [[[1, 1], [1, -1]], [[-1, -1], [1, 1]], [[1, -1], [-1, -1]], [[1, 1], [1, 1]]]
     group = [("f:1", tr, make_judgment(tr, s)) for tr, s in zip(trajs, scores)]
     scored, _ = score_group(group, ScoreOptions())
-    for tr in scored:
-        for step in tr.steps:
-            assert step.rm_target == pytest.approx(step.reward)
+    integrated, _ = score_group(group, ScoreOptions(rm_target="integrated"))
+    for tr, tr_r in zip(scored, integrated, strict=True):
+        for step, step_r in zip(tr.steps, tr_r.steps, strict=True):
+            assert step.rm_target == tr.outcome
+            assert step_r.rm_target == pytest.approx(step_r.reward)
+            assert [j.reward for j in step.judge] == [j.reward for j in step_r.judge]
+    # a judge that says +1 to a failed trajectory's step: R = -1 + 1 = 0, no correction
+    # under `integrated`; the outcome target still says -1
+    assert integrated[3].steps[0].rm_target == 0.0 and scored[3].steps[0].rm_target == -1
     assert scored[1].steps[0].judge and not any(j.keep for j in scored[1].steps[0].judge)
     outside, _ = score_group(group, ScoreOptions(rm_acc_min=0.5))
     assert all(step.rm_target is None for tr in outside for step in tr.steps)
     label, _ = score_group([("f:1", tr, make_judgment(tr, s)) for tr, s in zip(
-        [make_traj("t", 0, 1)], [[[1, 1]]])], ScoreOptions(rm_acc_max=1.0))
+        [make_traj("t", 0, 1)], [[[1, 1]]])], ScoreOptions(rm_acc_max=1.0,
+                                                          rm_target="integrated"))
     assert label[0].steps[0].rm_target == 2.0
 
 

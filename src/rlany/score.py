@@ -18,9 +18,14 @@ Reward model (consistency feedback):
     a_itj = standardized r within the m samples of step (i, t)
     A step whose m verdicts all agree teaches nothing and is not kept; only tasks with
     rm_acc_min <= acc(q) <= rm_acc_max (0.2, 0.8) give reward-model data.
-    Every judged step of such a task also carries `rm_target` = R_it: what `train-rm
+    Every judged step of such a task also carries `rm_target`: what `train-rm
     --objective expected | logloss` (rlany.verdict) trains the verdict toward exactly,
-    one sample per step, agreeing verdicts or not.
+    one sample per step, agreeing verdicts or not. It is O_i (`--rm-target outcome`, the
+    default): the sign of R_it wherever the sampled estimator trains (verdicts that
+    differ, so |S̄_it| < 1 and, with λ <= 1, sign R_it = O_i). R_it itself
+    (`--rm-target integrated`) holds the judge's own verdicts: a judge that says +1 on
+    every step gets R = O + 1 = 0 on a failure, so it is never corrected, and it
+    collapsed to +1 in one iteration that way (benchmarks/LOG.md, 2026-11-23).
     `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
     weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
     cheapest way to agree with R is to say -1 more often, whatever the step.
@@ -92,11 +97,16 @@ class ScoreOptions:
                            "those with R < 0 weigh the same: consistency feedback then cannot "
                            "be met by a bias toward -1 (most steps of a hard task fail) and "
                            "teaches which steps are good.", diagnostic=True)
-    rm_target: str = opt("outcome", "What a judge verdict must agree with: the step's "
-                         "integrated reward R (outcome, the paper's consistency feedback) or "
-                         "the env's step label (label: an upper-bound diagnostic for envs "
-                         "with step labels, e.g. household; a step without one is an error).",
-                         choices=("outcome", "label"), diagnostic=True)
+    rm_target: str = opt("outcome", "What a judge verdict must agree with under train-rm's "
+                         "exact objectives (the rm_target field): the trajectory's outcome O "
+                         "(outcome, the sign of the paper's R wherever its sampled estimator "
+                         "trains), the integrated reward R = O + lambda * mean(S), which holds "
+                         "the judge's own verdicts (integrated: a judge that says +1 everywhere "
+                         "gets R = 0 on failures and is never corrected), or the env's step "
+                         "label (label: an upper-bound diagnostic for envs with step labels, "
+                         "e.g. household; a step without one is an error). The sampled "
+                         "estimator's R * S uses R unless label.",
+                         choices=("outcome", "integrated", "label"), diagnostic=True)
 
     step_scores: str = opt("judge", "Where S comes from in R = O + lambda * mean(S): the judge's "
                            "verdicts (judge, the paper) or the env's own step labels (label: "
@@ -184,8 +194,12 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                  f"acc {acc:.2f} outside [{opts.rm_acc_min}, {opts.rm_acc_max}]")
 
     tests = _test_rewards(group, rm_keep, opts)
-    targets = rewards if opts.rm_target == "outcome" or tests is not None else \
-        _labels(group, "--rm-target label")
+    # the sampled estimator's consistency reward R_it · S_itj, and the exact objectives'
+    # verdict target (the scored step's rm_target): O_i, R_it or the env label L_it
+    targets = (_labels(group, "--rm-target label")
+               if opts.rm_target == "label" and tests is None else rewards)
+    verdict_targets = (targets if opts.rm_target != "outcome" else
+                       [[float(tr.outcome)] * len(tr.steps) for tr in trajs])
     scored: list[Scored] = []
     policy_samples = rm_samples = 0
     for i, (tr, judgment) in enumerate(zip(trajs, judgments)):
@@ -207,7 +221,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                 token_ids=step.token_ids, logprobs=step.logprobs,
                 judge_messages=judgment.steps[t].judge_messages
                 if judgment and judgment.steps else None,
-                rm_target=targets[i][t] if judged else None))
+                rm_target=verdict_targets[i][t] if judged else None))
         scored.append(Scored(traj_id=tr.traj_id, task_id=tr.task_id, iteration=tr.iteration,
                              sample=tr.sample, outcome=tr.outcome, task_acc=acc, steps=steps,
                              policy=tr.policy, extra=tr.extra))

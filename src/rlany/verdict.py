@@ -10,10 +10,14 @@ that one branch position, restricted to the choices' branch tokens:
                                               x:   the judge prompt + the forced prefix
 
 Consistency feedback (the paper's reward model target, no labels): a verdict v on step
-(i, t) earns r = R_it · v, with R_it = O_i + λ·S̄_it from `rlany score` (`rm_target` on the
-scored step). The sampled estimator (`--objective pg`, the reference implementation's)
-draws m verdicts, standardizes R·v within them and runs PPO on every sampled token. For a
-verdict-only judge the same objective can be computed exactly, with no sampling:
+(i, t) earns r = R_it · v, with R_it = O_i + λ·S̄_it from `rlany score`. The sampled
+estimator (`--objective pg`, the reference implementation's) draws m verdicts,
+standardizes R·v within them and runs PPO on every sampled token; it trains only where the
+m verdicts differ, where |S̄_it| < 1 and so (λ <= 1) sign R_it = O_i: it pushes the verdict
+toward the outcome's sign. For a verdict-only judge the same objective can be computed
+exactly, with no sampling, toward R = `rm_target` on the scored step, which is O_i by
+default (R_it itself would hold the judge's own S̄: one that says +1 everywhere gets
+R = 0 on every failure, is never corrected, and collapsed that way in the loop):
 
     expected:  J_it = E_{v~q}[R_it · v] = R_it · Σ_c q_c v_c       loss = -w · J
     logloss:   loss = -w · |R_it| · log q(c* )      c* = the choice with sign(v) = sign(R_it)
