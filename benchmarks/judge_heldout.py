@@ -66,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--seed", type=int, default=0, help="the held-out set's seed (as "
                     "judge_capacity.py: episodes drawn with seed + 1)")
+    ap.add_argument("--limit", type=int, help="only the first N steps (a smoke test; the "
+                    "results file is not written)")
     args = ap.parse_args(argv)
     import torch
     from peft import PeftModel
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
 
     from rlany.models import resolve_model
 
-    rows = judged_steps(episodes(HELD_OUT, 3, args.seed + 1))
+    rows = judged_steps(episodes(HELD_OUT, 3, args.seed + 1))[:args.limit]
     labels = [r["label"] for r in rows]
     base_path = resolve_model("smollm2")
     tok = AutoTokenizer.from_pretrained(base_path)
@@ -106,7 +108,8 @@ def main(argv=None) -> int:
                   "steps": len(rows), "good_steps": sum(x > 0 for x in labels),
                   "tasks": len({r["task"] for r in rows}), "judges": judges, "final": final,
                   "seconds_per_judge": round(base_seconds, 1)}
-        (run / "judge_heldout.json").write_text(json.dumps(result, indent=1) + "\n")
+        if not args.limit:
+            (run / "judge_heldout.json").write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({"run": str(run), **judges}), flush=True)
     return 0
 

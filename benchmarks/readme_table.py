@@ -70,7 +70,14 @@ def _score(r: dict) -> str:
             f"{a['records_per_s']:.0f}-{b['records_per_s']:.0f} records/s")
 
 
-FORMAT = {"score": _score, "training": _training, "trl": _trl, "memory": _memory,
+def _shared_prefix(r: dict) -> str:
+    s, t = r["seconds_per_step"], r["computed_tokens_per_step"]
+    return (f"{r['speedup']}x ({s['shared']} vs {s['plain']} s per optimizer step of "
+            f"{r['micro_batch']}; {t['shared']} vs {t['plain']} tokens computed), losses equal "
+            f"to {r['loss_max_relative_difference']:.0e}")
+
+
+FORMAT = {"shared_prefix": _shared_prefix, "score": _score, "training": _training, "trl": _trl, "memory": _memory,
           "engines": _engines, "sandbox": _sandbox, "generation": _generation,
           "bench_loop": _loop}
 
