@@ -77,7 +77,8 @@ def _shared_prefix(r: dict) -> str:
             f"to {r['loss_max_relative_difference']:.0e}")
 
 
-FORMAT = {"shared_prefix": _shared_prefix, "score": _score, "training": _training, "trl": _trl, "memory": _memory,
+FORMAT = {"shared_prefix": _shared_prefix, "score": _score, "training": _training,
+          "trl": _trl, "memory": _memory,
           "engines": _engines, "sandbox": _sandbox, "generation": _generation,
           "bench_loop": _loop}
 
