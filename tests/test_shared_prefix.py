@@ -138,3 +138,4 @@ def test_train_policy_same_losses_and_weights(tiny_model, tmp_path):
     torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-4, atol=1e-6)
     for name, w in out[False][1].items():
         torch.testing.assert_close(out[True][1][name], w, rtol=1e-4, atol=1e-5)
+

@@ -354,3 +354,22 @@ def test_training_on_the_engines_network_equals_a_fresh_load(tiny_model, tiny_lo
     # the trained checkpoint is what the engine serves next
     trained = [Request(ask[0].messages, ask[0].sampling, adapter=str(tmp_path / "fresh-engine"))]
     assert eng.generate(trained)[0].completions
+
+
+def test_lora_on_the_top_layers_only(tiny_model, tmp_path):
+    """--lora-layers N: the adapter holds the top N layers' LoRA only, and training moves
+    them (the backward stops above the lower layers)."""
+    from safetensors.torch import load_file
+
+    from rlany.train import TrainOptions, load_model, train
+    from test_shared_prefix import _samples
+    opts = TrainOptions(output="x", micro_batch=4, grad_accum=1, max_steps=2, lr=1e-2,
+                        target_modules="q_proj,v_proj", lora_layers=1, dtype="float32")
+    model, tok = load_model(tiny_model, None, opts)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".layers.1." in n for n in trainable)
+    train(_samples(4, 12), model, tok, opts, tmp_path / "a", {"data_sha256": "t"},
+          lambda r: None)
+    weights = load_file(tmp_path / "a" / "adapter_model.safetensors")
+    assert weights and all(".layers.1." in n for n in weights)
+    assert any(w.abs().sum() > 0 for n, w in weights.items() if "lora_B" in n)

@@ -231,7 +231,7 @@ def _check_init_policy(cfg: LoopConfig) -> None:
 
 
 # the warm start's LoRA is the one train-policy continues: its shape is [train_policy]'s
-WARM_SHAPE = ("lora_r", "lora_alpha", "target_modules", "dtype")
+WARM_SHAPE = ("lora_r", "lora_alpha", "target_modules", "lora_layers", "dtype")
 
 
 def _check_warm_start(cfg: LoopConfig) -> None:

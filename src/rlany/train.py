@@ -182,13 +182,19 @@ def collate(batch: list[Sample], pad_id: int):
     return ids, attn, resp, adv
 
 
-def lora_config(opts: TrainFields):
+def lora_config(opts: TrainFields, model=None):
+    """The LoRA of `opts`; with `lora_layers` N, on the top N of `model`'s layers only."""
     from peft import LoraConfig
 
     targets = (opts.target_modules if opts.target_modules == "all-linear"
                else [t.strip() for t in opts.target_modules.split(",") if t.strip()])
+    layers = None
+    if getattr(opts, "lora_layers", None):
+        total = model.config.num_hidden_layers
+        layers = list(range(max(0, total - opts.lora_layers), total))
     return LoraConfig(r=opts.lora_r, lora_alpha=opts.lora_alpha, lora_dropout=opts.lora_dropout,
-                      target_modules=targets, task_type="CAUSAL_LM")
+                      target_modules=targets, task_type="CAUSAL_LM",
+                      layers_to_transform=layers)
 
 
 TRAINED = "default"  # the adapter being trained: PEFT saves "default" at the top level
@@ -215,13 +221,13 @@ def borrowed_model(engine, adapter: str | None, opts: TrainFields):
         if adapter:
             net.load_adapter(adapter, adapter_name=TRAINED, is_trainable=True)
         else:
-            net.add_adapter(TRAINED, lora_config(opts))
+            net.add_adapter(TRAINED, lora_config(opts, net))
         net.set_adapter(TRAINED)
         model = net
     elif adapter:
         model = PeftModel.from_pretrained(net, adapter, adapter_name=TRAINED, is_trainable=True)
     else:
-        model = get_peft_model(net, lora_config(opts), adapter_name=TRAINED)
+        model = get_peft_model(net, lora_config(opts, net), adapter_name=TRAINED)
     for name, p in model.named_parameters():
         p.requires_grad_(f".{TRAINED}." in name and "lora_" in name)
     try:
@@ -255,7 +261,7 @@ def load_model(base: str, adapter: str | None, opts: TrainFields):
         model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
     else:
         torch.manual_seed(opts.seed)  # LoRA A is random-initialized: make it reproducible
-        model = get_peft_model(model, lora_config(opts), adapter_name=TRAINED)
+        model = get_peft_model(model, lora_config(opts, model), adapter_name=TRAINED)
     return model, tokenizer
 
 

@@ -54,6 +54,10 @@ class TrainFields:
     lora_r: int = opt(16, "LoRA rank.", min=1)
     lora_alpha: int = opt(32, "LoRA alpha.", min=1)
     lora_dropout: float = opt(0.0, "LoRA dropout.", min=0, max=1)
+    lora_layers: int | None = opt(None, "LoRA on the model's top N layers only (default: every "
+                                  "layer): the backward pass stops there, so a step costs "
+                                  "little more than a forward. What judge_capacity.py's judges "
+                                  "learned with (top 2).", min=1)
     target_modules: str = opt("all-linear", "LoRA target modules: all-linear or a comma list "
                               "such as q_proj,v_proj.")
     dtype: str = opt("auto", "Training dtype: auto (bf16 where the CPU or GPU has native bf16, "
