@@ -161,7 +161,14 @@ def _check_new_dir(target: Path) -> None:
 
 
 def _local_text() -> list[str]:
-    """Training text for the tiny tokenizer: this package's own sources plus digits."""
-    texts = [p.read_text(encoding="utf-8") for p in sorted(Path(__file__).parent.rglob("*.py"))]
+    """Training text for the tiny tokenizer: a frozen corpus (this package's sources as of
+    2026-11-23, tiny_corpus.json.gz) plus digits. Frozen: trained on the live sources, any
+    edit anywhere in the package changed the tokenizer, so the tiny models and every
+    test threshold tuned on them."""
+    import gzip
+    import json
+
+    with gzip.open(Path(__file__).parent / "tiny_corpus.json.gz", "rt", encoding="utf-8") as f:
+        texts = json.load(f)
     texts.append(" ".join(f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)))
     return texts
