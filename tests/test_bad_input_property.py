@@ -562,7 +562,7 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
         stack.enter_context(mock.patch.object(rlany.train, "load_model", load_model))
         stack.enter_context(mock.patch.object(rlany.train, "train", train))
     if slot.stage == "loop":
-        import rlany.loop
+        import rlany.stages.loop
 
         class Loop:
             def __init__(self, cfg, *args, **kwargs):
@@ -571,7 +571,7 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
             def run(self):
                 raise Stopped(f"{STOPPED} (the loop)")
 
-        stack.enter_context(mock.patch.object(rlany.loop, "Loop", Loop))
+        stack.enter_context(mock.patch.object(rlany.stages.loop, "Loop", Loop))
 
 
 class Outcome(typing.NamedTuple):

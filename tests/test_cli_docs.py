@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from rlany.loop_config import _tables
 from rlany.options import RESEARCH_PANEL, command, from_table, opt, specs, to_argv
+from rlany.stages.loop_config import _tables
 
 ROOT = Path(__file__).parent.parent
 

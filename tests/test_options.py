@@ -10,8 +10,8 @@ import pytest
 
 from rlany.cli import app
 from rlany.errors import RlanyError
-from rlany.loop_config import _tables, load_config
 from rlany.options import flag, specs, to_argv
+from rlany.stages.loop_config import _tables, load_config
 
 TABLES = _tables()
 

@@ -12,7 +12,7 @@ import torch
 from conftest import make_judgment, make_traj, write_jsonl
 from rlany.errors import RlanyError
 from rlany.records import Scored, ScoredJudgeSample, ScoredStep
-from rlany.score import ScoreOptions, score_group
+from rlany.stages.score import ScoreOptions, score_group
 from rlany.verdict import branch, class_weights, verdict_loss
 
 

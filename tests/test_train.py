@@ -11,7 +11,7 @@ import torch
 from conftest import make_judgment, make_traj, write_jsonl
 from rlany.errors import RlanyError
 from rlany.losses import ppo_clip_loss, token_logprobs
-from rlany.score import ScoreOptions, score_group
+from rlany.stages.score import ScoreOptions, score_group
 from rlany.train import Sample, TrainOptions, load_model, plan_steps, tokenize, train
 
 

@@ -51,7 +51,7 @@ def _stage(name: str, module: str, cls: str, doc: str, *examples: str, **run_kw)
     command(app, name, getattr(mod, cls), lambda opts: mod.run(opts, **run_kw), doc, examples)
 
 
-_stage("rollout", "rollout", "RolloutOptions",
+_stage("rollout", "stages.rollout", "RolloutOptions",
        "Roll out the policy: n episodes per task, multi-turn, all live episodes stepped in "
        "one batched generate call per turn. Writes the n trajectories of each task together.",
        "rlany envs make-tasks reasoning --n 16 --seed 0 -o tasks.jsonl",
@@ -62,7 +62,7 @@ _stage("rollout", "rollout", "RolloutOptions",
        "--constrain-actions",
        "rlany rollout -i examples/household/learn_tasks.jsonl -o demos.jsonl --expert --n 1 "
        "--max-steps 4 --history-turns 1")
-_stage("judge", "judge", "JudgeOptions",
+_stage("judge", "stages.judge", "JudgeOptions",
        "Judge every step with a generative reward model: m samples per step (sharing the "
        "prompt), each reasoning then giving +1 or -1 (decoded constrained by default, so "
        "every verdict is readable). With --mode unit-tests (coding) the reward model writes "
@@ -73,7 +73,7 @@ _stage("judge", "judge", "JudgeOptions",
        "rlany judge -i code_traj.jsonl -o judgments.jsonl --mode unit-tests --m 4",
        "rlany judge -i traj.jsonl -o judgments.jsonl --engine openai --base-url "
        "http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct")
-_stage("score", "score", "ScoreOptions",
+_stage("score", "stages.score", "ScoreOptions",
        "Integrated step rewards and advantages for the policy, consistency rewards for the "
        "reward model, and per-task accuracy. Streams one task group at a time.",
        "rlany score -i trajectories.jsonl -j judgments.jsonl -o scored.jsonl",
@@ -108,7 +108,7 @@ _stage("sft", "train_stage", "SftOptions",
        "rlany loop examples/household/learn.toml --name warm --set init_policy=ckpt/sft",
        "rlany loop examples/household/learn.toml --name warm2 --set warm_start=true",
        kind="sft")
-_stage("adapt-tasks", "adapt", "AdaptOptions",
+_stage("adapt-tasks", "stages.adapt_tasks", "AdaptOptions",
        "Adapt the environment: accept rolled-out candidates that proved harder/easier, then "
        "rewrite tasks the policy always (>= alpha-high) or never (<= alpha-low) solves, "
        "guided by a summary of the reward model's critiques.",
@@ -117,7 +117,7 @@ _stage("adapt-tasks", "adapt", "AdaptOptions",
        "rlany adapt-tasks -i tasks.jsonl --pending candidates.jsonl --stats task_stats.jsonl "
        "-j judgments.jsonl -o next_tasks.jsonl --candidates new_candidates.jsonl "
        "--iteration 2")
-_stage("eval", "evaluate", "EvalOptions",
+_stage("eval", "stages.eval", "EvalOptions",
        "Evaluate a policy (base or adapter) on held-out tasks: success rate, pass@k, mean "
        "steps; with --judge, the judge's step accuracy against the env's step labels.",
        "rlany eval -i examples/reasoning/eval.jsonl -o eval.json --model smollm2 --n 4 --k 1 "
@@ -157,7 +157,7 @@ def loop_cmd(
     """Run the closed loop: rollout -> judge -> score -> train-policy -> train-rm ->
     adapt-tasks (+ eval), one directory per iteration under runs/NAME/. Rerunning the same
     command after a kill skips finished stages and resumes the interrupted one."""
-    from rlany.loop import Loop, StageDone, load_config
+    from rlany.stages.loop import Loop, StageDone, load_config
 
     overrides = {k: v for k, v in {"name": name, "iterations": iterations, "seed": seed,
                                    "runs_dir": runs_dir, "step_feedback": step_feedback,
@@ -180,7 +180,7 @@ def report_cmd(
     """Plots (PNG) of what the runs measured, with 95% intervals, and a markdown table of one
     run or of several side by side (the seeds of one arm, runs named ARM-sSEED, drawn as one
     line with a band)."""
-    from rlany.report import write_report
+    from rlany.stages.report import write_report
 
     if output is None:
         if len(runs) > 1:

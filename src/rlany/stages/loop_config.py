@@ -16,20 +16,20 @@ from rlany.errors import RlanyError, UsageError
 
 def _tables() -> dict[str, tuple[str, type, str]]:
     """config table -> (command, options class, module with `run`)."""
-    from rlany.adapt import AdaptOptions
-    from rlany.evaluate import EvalOptions
-    from rlany.judge import JudgeOptions
-    from rlany.rollout import RolloutOptions
-    from rlany.score import ScoreOptions
+    from rlany.stages.adapt_tasks import AdaptOptions
+    from rlany.stages.eval import EvalOptions
+    from rlany.stages.judge import JudgeOptions
+    from rlany.stages.rollout import RolloutOptions
+    from rlany.stages.score import ScoreOptions
     from rlany.train_stage import SftOptions, TrainOptions, TrainRmOptions
 
-    return {"rollout": ("rollout", RolloutOptions, "rollout"),
-            "judge": ("judge", JudgeOptions, "judge"),
-            "score": ("score", ScoreOptions, "score"),
+    return {"rollout": ("rollout", RolloutOptions, "stages.rollout"),
+            "judge": ("judge", JudgeOptions, "stages.judge"),
+            "score": ("score", ScoreOptions, "stages.score"),
             "train_policy": ("train-policy", TrainOptions, "train_stage"),
             "train_rm": ("train-rm", TrainRmOptions, "train_stage"),
-            "adapt_tasks": ("adapt-tasks", AdaptOptions, "adapt"),
-            "eval": ("eval", EvalOptions, "evaluate"),
+            "adapt_tasks": ("adapt-tasks", AdaptOptions, "stages.adapt_tasks"),
+            "eval": ("eval", EvalOptions, "stages.eval"),
             "sft": ("sft", SftOptions, "train_stage")}  # the warm start (warm_start = true)
 
 
@@ -280,7 +280,7 @@ def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:
                              where=cfg.path, hint="remove one of them")
         score["lam"] = 0.0  # --no-step-feedback on the command line is the ablation: it wins
     judge, evaluation = cfg.tables.get("judge", {}), cfg.tables.setdefault("eval", {})
-    from rlany.evaluate import JUDGE_FIELDS
+    from rlany.stages.eval import JUDGE_FIELDS
 
     for eval_key, judge_key in JUDGE_FIELDS.items():
         if judge_key in judge and eval_key not in evaluation:

@@ -38,7 +38,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from rlany.critiques import collect_critiques, model_summaries
 from rlany.engines import Engine, Request, Sampling
 from rlany.envs import Environment
 from rlany.errors import RlanyError
@@ -50,6 +49,7 @@ from rlany.prompts import (
     rewrite_messages,
 )
 from rlany.records import Lineage, Task, TaskStats
+from rlany.stages.critiques import collect_critiques, model_summaries
 
 REWRITES = ("auto", "edits", "free")
 SUMMARIES = ("extract", "model")

@@ -8,8 +8,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 
 from rlany.errors import RlanyError
-from rlany.judge import MODES
 from rlany.records import Judgment, Trajectory, responses_digest
+from rlany.stages.judge import MODES
 
 
 def paired(trajectories: Iterable[tuple[str, Trajectory]],

@@ -299,7 +299,6 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     """Read trajectories, judge them (resuming a partial output), write judgments."""
     from rlany.console import info, progress
     from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
-    from rlany.pairing import groups
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,
@@ -308,6 +307,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         prepare_paths,
         start_engine,
     )
+    from rlany.stages.pairing import groups
 
     started = time.time()
     check_adapter(opts.adapter)

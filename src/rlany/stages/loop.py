@@ -48,7 +48,7 @@ from typing import Any
 from rlany.console import info
 from rlany.errors import RlanyError
 from rlany.jsonl import meta_path
-from rlany.loop_config import LoopConfig, _tables, load_config
+from rlany.stages.loop_config import LoopConfig, _tables, load_config
 
 __all__ = ["Loop", "LoopConfig", "StageDone", "load_config"]
 
@@ -115,7 +115,7 @@ STAGES = (
 
 
 def _warm_shape(lp: Loop) -> dict:
-    from rlany.loop_config import WARM_SHAPE
+    from rlany.stages.loop_config import WARM_SHAPE
 
     policy = lp.cfg.options("train_policy", input="-", output="-")
     return {k: getattr(policy, k) for k in WARM_SHAPE}
@@ -323,7 +323,7 @@ class Loop:
 
     def _finish_iteration(self, d: Path, it: int) -> None:
         from rlany.jsonl import write_text_atomic
-        from rlany.loop_metrics import collect_metrics
+        from rlany.stages.loop_metrics import collect_metrics
 
         metrics = {"iteration": it, **collect_metrics(d)}
         write_text_atomic(d / "done.json", json.dumps(metrics, indent=2) + "\n")

@@ -60,8 +60,8 @@ from pathlib import Path
 
 from rlany.errors import RlanyError
 from rlany.options import opt
-from rlany.pairing import groups, paired
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
+from rlany.stages.pairing import groups, paired
 
 EPS_STD = 1e-8  # below this a group's rewards are treated as all equal
 
