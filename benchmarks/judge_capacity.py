@@ -14,7 +14,7 @@ The gate separates "a 135M judge cannot learn this" from "it is not being taught
    many epochs at a fraction of the cost: a copy of the model with only those K layers run
    on the cached states (`inputs_embeds`) gives the same logits as the whole model
    (checked at start). It is a lower bound on what the whole judge can learn.
-3. Supervised, class-balanced training of the verdict (`rlany.verdict`'s logloss, the one
+3. Supervised, class-balanced training of the verdict (`rlany.training.verdict`'s logloss, the one
    branch token, LoRA r16 on the top K layers' linear modules) on N train steps for
    N in --grid and lr in --lrs; held-out balanced accuracy of the greedy verdict
    (q(+1) > 0.5) and of a verdict sampled at T = 0.8 (exact expectation, no draw).
@@ -110,7 +110,7 @@ def load(model_path: str):
 def encode(tok, rows: list[dict]) -> tuple[list[list[int]], object]:
     from rlany.chat import render
     from rlany.prompts import VERDICT_CHOICES, parse_verdict
-    from rlany.verdict import branch
+    from rlany.training.verdict import branch
 
     at = branch(tok, VERDICT_CHOICES, tuple(parse_verdict(c) for c in VERDICT_CHOICES))
     return [render(tok, r["messages"]) + at.prefix for r in rows], at
@@ -204,7 +204,7 @@ def finetune(model, cache, train_idx, targets, test_idx, test_labels, at, *, k: 
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from rlany.verdict import class_weights, verdict_loss
+    from rlany.training.verdict import class_weights, verdict_loss
 
     torch.manual_seed(seed)
     top = get_peft_model(top_model(model, k), LoraConfig(

@@ -542,7 +542,8 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
 
     stack.enter_context(mock.patch.object(rlany.stageio, "start_engine", start_engine))
     if slot.stage.startswith("train"):
-        import rlany.train
+        import rlany.training.model
+        import rlany.training.trainer
 
         def load_model(base, adapter, opts):
             started.append("model")
@@ -559,8 +560,8 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
                                    for i in s.prompt_ids + s.response_ids), "untrainable ids"
             raise Stopped(f"{STOPPED} (training)")
 
-        stack.enter_context(mock.patch.object(rlany.train, "load_model", load_model))
-        stack.enter_context(mock.patch.object(rlany.train, "train", train))
+        stack.enter_context(mock.patch.object(rlany.training.model, "load_model", load_model))
+        stack.enter_context(mock.patch.object(rlany.training.trainer, "train", train))
     if slot.stage == "loop":
         import rlany.stages.loop
 

@@ -364,7 +364,7 @@ def test_adapt_summary_model_condenses_the_critiques():
 
 def test_a_verdict_only_judge_is_trained_with_the_verdict_objective(tmp_path, tiny_model):
     """[judge] max_tokens = 0: the judge's samples are bare verdicts, so train-rm's default
-    objective (auto) trains the verdict token of every judged step (rlany.verdict), and
+    objective (auto) trains the verdict token of every judged step (rlany.training.verdict), and
     the next iteration judges with that adapter."""
     config = _config(tmp_path, tiny_model, step_feedback=True, rm_training=True,
                      env_adaptation=False)

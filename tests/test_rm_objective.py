@@ -1,4 +1,4 @@
-"""train-rm's verdict objectives (rlany.verdict): the loss by hand, the branch token, the
+"""train-rm's verdict objectives (rlany.training.verdict): the loss by hand, the branch token, the
 class weights, score's rm_target, and a judge that must learn a separable toy set."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from conftest import make_judgment, make_traj, write_jsonl
 from rlany.errors import RlanyError
 from rlany.records import Scored, ScoredJudgeSample, ScoredStep
 from rlany.stages.score import ScoreOptions, score_group
-from rlany.verdict import branch, class_weights, verdict_loss
+from rlany.training.verdict import branch, class_weights, verdict_loss
 
 
 def test_verdict_losses_by_hand():
@@ -123,7 +123,7 @@ def _accuracy(model_path: str, adapter: str | None, scored: list[Scored]) -> flo
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlany.verdict import RawVerdict, choice_logprobs, tokenize_verdicts
+    from rlany.training.verdict import RawVerdict, choice_logprobs, tokenize_verdicts
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

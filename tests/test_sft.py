@@ -13,8 +13,8 @@ import torch
 from conftest import make_traj, read_jsonl, write_jsonl
 from rlany.envs.household import HouseholdEnv
 from rlany.errors import RlanyError
-from rlany.losses import nll_loss
 from rlany.records import Task
+from rlany.training.losses import nll_loss
 
 LEARN = "examples/household/learn_tasks.jsonl"
 

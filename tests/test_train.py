@@ -10,9 +10,12 @@ import torch
 
 from conftest import make_judgment, make_traj, write_jsonl
 from rlany.errors import RlanyError
-from rlany.losses import ppo_clip_loss, token_logprobs
 from rlany.stages.score import ScoreOptions, score_group
-from rlany.train import Sample, TrainOptions, load_model, plan_steps, tokenize, train
+from rlany.train_stage import TrainOptions
+from rlany.training.losses import ppo_clip_loss, token_logprobs
+from rlany.training.model import load_model
+from rlany.training.samples import Sample, tokenize
+from rlany.training.trainer import plan_steps, train
 
 
 def test_ppo_clip_loss_by_hand():
@@ -59,7 +62,7 @@ def test_token_logprobs_matches_log_softmax():
 
 def test_response_logprobs_keep_only_response_logits_equals_full(tiny_model):
     from rlany.compat import accepts_logits_to_keep
-    from rlany.train import collate, response_logprobs
+    from rlany.training.trainer import collate, response_logprobs
 
     model, tok = load_model(tiny_model, None, TrainOptions(output="unused"))
     raw = [([{"role": "user", "content": "a much longer prompt " * k}], "answer 42", 1.0, True)

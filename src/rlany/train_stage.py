@@ -1,6 +1,6 @@
 """`rlany train-policy`, `rlany train-rm` and `rlany sft`: options classes on one shared base
 (TrainFields), one file driver, three sample extractors. The update itself (PPO-clip with a
-k3 KL, or the supervised NLL for sft; accumulation, resume, Accelerate) is `rlany.train`;
+k3 KL, or the supervised NLL for sft; accumulation, resume, Accelerate) is `rlany.training`;
 this module reads the records, picks the samples and writes the checkpoint.
 
 train-policy: each kept scored step (prompt messages -> response) weighted by its advantage.
@@ -22,62 +22,12 @@ from pathlib import Path
 from rlany.console import info
 from rlany.errors import RlanyError
 from rlany.options import opt
+from rlany.training.fields import PpoFields, TrainFields
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainFields:
-    """What every trainer shares (train-policy, train-rm, sft): data, model, LoRA, optimizer,
-    batching and resume. The objective's own fields are in the classes below."""
-
-    input: str = opt("-", "scored.jsonl from `rlany score`; - for stdin (the default).",
-                     scope="io", short="-i")
-    output: str = opt(help="Checkpoint directory to write (a PEFT adapter, or a full model "
-                      "with --full). It appears only when complete; a killed run resumes "
-                      "from its last optimizer step.", scope="io", short="-o")
-    model: str = opt("smollm2", "Base model: `smollm2`, a local HF directory, or a hub id.",
-                     scope="run")
-    adapter: str | None = opt(None, "Continue training this LoRA adapter (or, with --full, "
-                              "this model directory).", scope="io")
-    iteration: int = opt(0, "Loop iteration, recorded in rlany.json.", scope="io", min=0)
-    seed: int = opt(0, "Seed of the LoRA init and the sample order.", scope="run", min=0)
-    lr: float = opt(3e-4, "AdamW learning rate. LoRA: 3e-4 (benchmarks/LOG.md, 2026-11-22: "
-                    "2e-5 did not move SmolLM2-135M in 3 iterations, 3e-4 and 1e-3 did); "
-                    "full fine-tuning wants ~1e-6.", min=0, min_exclusive=True)
-    epochs: int = opt(1, "Passes over the samples.", min=1)
-    micro_batch: int = opt(4, "Sequences per forward/backward.", min=1)
-    grad_accum: int = opt(2, "Micro-batches per optimizer step (per process).", min=1)
-    max_grad_norm: float = opt(1.0, "Gradient clipping norm.", min=0, min_exclusive=True)
-    weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)
-    max_len: int = opt(1024, "Longest prompt+response in tokens; longer samples are dropped "
-                       "whole.", min=2)
-    full: bool = opt(False, "Full fine-tuning instead of LoRA.")
-    lora_r: int = opt(16, "LoRA rank.", min=1)
-    lora_alpha: int = opt(32, "LoRA alpha.", min=1)
-    lora_dropout: float = opt(0.0, "LoRA dropout.", min=0, max=1)
-    target_modules: str = opt("all-linear", "LoRA target modules: all-linear or a comma list "
-                              "such as q_proj,v_proj.")
-    dtype: str = opt("auto", "Training dtype: auto (bf16 where the CPU or GPU has native bf16, "
-                     "else float32), float32, bfloat16.",
-                     choices=("auto", "float32", "bfloat16"))
-    save_every: int = opt(1, "Save the resumable state every this many optimizer steps.", min=1)
-    max_steps: int | None = opt(None, "Stop after this many optimizer steps.", min=1)
-
-    def check(self, name) -> None:
-        if not self.target_modules.strip(" ,"):
-            raise RlanyError(f"{name('target_modules')} is empty")
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainOptions(TrainFields):
+class TrainOptions(PpoFields):
     """train-policy: PPO-clip with a k3 KL to the pre-update policy."""
-
-    clip_eps: float = opt(0.2, "PPO clip epsilon.", min=0)
-    kl_beta: float = opt(0.01, "k3 KL weight against the pre-update policy.", min=0)
-    old_logprobs: str = opt("auto", "PPO's pre-update log-probs: auto (the sampling engine's, "
-                            "where every sample has them and they are exact), generation, or "
-                            "recompute (an extra forward pass).",
-                            choices=("auto", "generation", "recompute"),
-                            diagnostic=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,15 +85,9 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
         prepare_paths,
         sha256_file,
     )
-    from rlany.train import (
-        borrowed_model,
-        load_model,
-        policy_samples,
-        rm_samples,
-        sft_samples,
-        tokenize,
-        train,
-    )
+    from rlany.training.model import borrowed_model, load_model
+    from rlany.training.samples import policy_samples, rm_samples, sft_samples, tokenize
+    from rlany.training.trainer import train
 
     started = time.time()
     out = Path(opts.output)
@@ -164,7 +108,7 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
         extract: Callable = lambda recs: sft_samples(recs, opts.all_outcomes)  # noqa: E731
     elif verdicts:
         from rlany.prompts import VERDICT_CHOICES
-        from rlany.verdict import verdict_samples
+        from rlany.training.verdict import verdict_samples
         records, label = (Scored, "scored"), f"train-rm ({opts.objective})"
         hint = ("no step has an rm_target: the tasks' accuracy was outside score's "
                 "--rm-acc-min/--rm-acc-max, the judgments were skipped, or scored.jsonl "
@@ -205,7 +149,7 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
                 nullcontext(load_model(base, opts.adapter, opts))) as (net, tokenizer):
         reader = JsonlReader(path, *records, name=opts.input)
         if verdicts:
-            from rlany.verdict import tokenize_verdicts
+            from rlany.training.verdict import tokenize_verdicts
             samples, dropped = tokenize_verdicts(tokenizer, extract(s for _, s in reader),
                                                  opts.max_len, opts.balance)
         else:
@@ -244,7 +188,7 @@ def run(opts: TrainFields, kind: str = "policy", say: Callable[[str], None] = in
 
 
 def _auto_objective(path, name: str) -> str:
-    """train-rm --objective auto: "expected" (rlany.verdict) where the steps with
+    """train-rm --objective auto: "expected" (rlany.training.verdict) where the steps with
     reward-model data were judged with bare verdicts (`judge --max-tokens 0`), else "pg"."""
     from rlany.jsonl import JsonlReader
     from rlany.prompts import VERDICT_CHOICES

@@ -19,7 +19,7 @@ Reward model (consistency feedback):
     A step whose m verdicts all agree teaches nothing and is not kept; only tasks with
     rm_acc_min <= acc(q) <= rm_acc_max (0.2, 0.8) give reward-model data.
     Every judged step of such a task also carries `rm_target` = R_it: what `train-rm
-    --objective expected | logloss` (rlany.verdict) trains the verdict toward exactly,
+    --objective expected | logloss` (rlany.training.verdict) trains the verdict toward exactly,
     one sample per step, agreeing verdicts or not.
     `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
     weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
