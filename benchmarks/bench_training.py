@@ -76,7 +76,7 @@ def bare_loop(model, batches, pad, lr):
 
 def main() -> dict:
     from rlany.models import resolve_model
-    from rlany.train_stage import TrainOptions
+    from rlany.stages.train_policy import TrainOptions
     from rlany.training.model import load_model
     from rlany.training.trainer import micro_batches, plan_steps, train
 

@@ -183,7 +183,7 @@ def test_verdict_objective_refuses_reasoning_and_old_records(tiny_model, tmp_pat
 
 
 def test_auto_objective_is_expected_for_bare_verdicts_and_pg_for_reasoning(tmp_path):
-    from rlany.train_stage import _auto_objective
+    from rlany.stages.train_rm import _auto_objective
 
     toy = _toy(4)
     bare = write_jsonl(tmp_path / "bare.jsonl", toy)

@@ -11,7 +11,7 @@ import torch
 from conftest import make_judgment, make_traj, write_jsonl
 from rlany.errors import RlanyError
 from rlany.stages.score import ScoreOptions, score_group
-from rlany.train_stage import TrainOptions
+from rlany.stages.train_policy import TrainOptions
 from rlany.training.losses import ppo_clip_loss, token_logprobs
 from rlany.training.model import load_model
 from rlany.training.samples import Sample, tokenize
@@ -315,7 +315,7 @@ def test_training_on_the_engines_network_equals_a_fresh_load(tiny_model, tiny_lo
 
     from rlany.engines import EngineConfig, Request, Sampling
     from rlany.engines.hf import HfEngine
-    from rlany.train_stage import run
+    from rlany.stages.train_policy import run
 
     trajs = [make_traj("q", i, +1 if i < 2 else -1, n_steps=2) for i in range(4)]
     scores = [[[1, -1, 1], [1, 1, -1]], [[1, 1, 1], [-1, 1, 1]],
@@ -335,8 +335,8 @@ def test_training_on_the_engines_network_equals_a_fresh_load(tiny_model, tiny_lo
     for name, adapter in (("fresh", None), ("continued", tiny_lora)):
         opts = TrainOptions(input=data, output="unused", model=tiny_model, dtype="float32",
                             lr=1e-2, micro_batch=2, adapter=adapter, seed=3)
-        run(replace(opts, output=str(tmp_path / f"{name}-disk")), "policy", say=lambda s: None)
-        run(replace(opts, output=str(tmp_path / f"{name}-engine")), "policy",
+        run(replace(opts, output=str(tmp_path / f"{name}-disk")), say=lambda s: None)
+        run(replace(opts, output=str(tmp_path / f"{name}-engine")),
             say=lambda s: None, engine=eng)
         got = load_file(tmp_path / f"{name}-engine" / "adapter_model.safetensors")
         want = load_file(tmp_path / f"{name}-disk" / "adapter_model.safetensors")

@@ -78,7 +78,7 @@ _stage("score", "stages.score", "ScoreOptions",
        "reward model, and per-task accuracy. Streams one task group at a time.",
        "rlany score -i trajectories.jsonl -j judgments.jsonl -o scored.jsonl",
        "rlany score -i trajectories.jsonl --lam 0 -o scored.jsonl --stats stats.jsonl")
-_stage("train-policy", "train_stage", "TrainOptions",
+_stage("train-policy", "stages.train_policy", "TrainOptions",
        "Update the policy with PPO-clip on the kept scored steps (prompt messages -> the "
        "sampled response tokens, weighted by the step advantage). Writes a LoRA adapter that "
        "`rollout --adapter` uses.",
@@ -86,8 +86,8 @@ _stage("train-policy", "train_stage", "TrainOptions",
        "rlany train-policy -i scored.jsonl -o ckpt/policy-2 --adapter ckpt/policy-1",
        "accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml -m rlany "
        "train-policy -i scored.jsonl -o ckpt/p --model Qwen/Qwen2.5-7B-Instruct",
-       kind="policy")
-_stage("train-rm", "train_stage", "TrainRmOptions",
+       )
+_stage("train-rm", "stages.train_rm", "TrainRmOptions",
        "Update the generative reward model with consistency feedback (R = O + lambda * "
        "mean(S) from `rlany score`). A judge of bare verdicts (judge --max-tokens 0) is "
        "trained on each judged step's verdict token, its expected consistency reward "
@@ -96,8 +96,8 @@ _stage("train-rm", "train_stage", "TrainRmOptions",
        "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2",
        "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2 --objective logloss",
        "rlany judge -i traj.jsonl -o judgments.jsonl --model smollm2 --adapter ckpt/rm-1",
-       kind="rm")
-_stage("sft", "train_stage", "SftOptions",
+       )
+_stage("sft", "stages.sft", "SftOptions",
        "Warm-start the policy: supervised fine-tuning (token negative log-likelihood) on the "
        "steps of successful trajectories, e.g. the env's expert demonstrations from "
        "`rollout --expert`. Writes a LoRA adapter that `rollout --adapter` and a loop's "
@@ -107,7 +107,7 @@ _stage("sft", "train_stage", "SftOptions",
        "rlany sft -i demos.jsonl -o ckpt/sft --model smollm2",
        "rlany loop examples/household/learn.toml --name warm --set init_policy=ckpt/sft",
        "rlany loop examples/household/learn.toml --name warm2 --set warm_start=true",
-       kind="sft")
+       )
 _stage("adapt-tasks", "stages.adapt_tasks", "AdaptOptions",
        "Adapt the environment: accept rolled-out candidates that proved harder/easier, then "
        "rewrite tasks the policy always (>= alpha-high) or never (<= alpha-low) solves, "

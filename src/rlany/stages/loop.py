@@ -237,9 +237,9 @@ class Loop:
         info("loop: $ " + shlex.join(to_argv(command, opts)))
         run = importlib.import_module(f"rlany.{module}").run
         kw: dict[str, Any] = {"engine": self.engine()} if stage.engine else {}
-        if module == "train_stage":  # train-policy, train-rm, sft
+        if stage.table in ("train_policy", "train_rm", "sft"):
             # one model in memory: the trainer borrows the engine's network where it can
-            kw.update(kind=stage.table.removeprefix("train_"), engine=self._engine)
+            kw.update(engine=self._engine)
         try:
             run(opts, **kw)
         except RlanyError as e:

@@ -21,16 +21,18 @@ def _tables() -> dict[str, tuple[str, type, str]]:
     from rlany.stages.judge import JudgeOptions
     from rlany.stages.rollout import RolloutOptions
     from rlany.stages.score import ScoreOptions
-    from rlany.train_stage import SftOptions, TrainOptions, TrainRmOptions
+    from rlany.stages.sft import SftOptions
+    from rlany.stages.train_policy import TrainOptions
+    from rlany.stages.train_rm import TrainRmOptions
 
     return {"rollout": ("rollout", RolloutOptions, "stages.rollout"),
             "judge": ("judge", JudgeOptions, "stages.judge"),
             "score": ("score", ScoreOptions, "stages.score"),
-            "train_policy": ("train-policy", TrainOptions, "train_stage"),
-            "train_rm": ("train-rm", TrainRmOptions, "train_stage"),
+            "train_policy": ("train-policy", TrainOptions, "stages.train_policy"),
+            "train_rm": ("train-rm", TrainRmOptions, "stages.train_rm"),
             "adapt_tasks": ("adapt-tasks", AdaptOptions, "stages.adapt_tasks"),
             "eval": ("eval", EvalOptions, "stages.eval"),
-            "sft": ("sft", SftOptions, "train_stage")}  # the warm start (warm_start = true)
+            "sft": ("sft", SftOptions, "stages.sft")}  # the warm start (warm_start = true)
 
 
 def _run_keys() -> dict[str, Any]:
@@ -287,7 +289,7 @@ def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:
             evaluation[eval_key] = judge[judge_key]
     if "max_lora_rank" not in cfg.run:
         # vLLM pads every adapter to max_lora_rank: serve exactly the largest rank trained
-        from rlany.train_stage import TrainOptions
+        from rlany.stages.train_policy import TrainOptions
         cfg.run["max_lora_rank"] = max(  # train-policy continues init_policy in its shape
             [cfg.tables.get(t, {}).get("lora_r", TrainOptions.lora_r)
              for t in ("train_policy", "train_rm")]
