@@ -168,8 +168,6 @@ def test_loop_runs_resumes_and_skips(tmp_path, tiny_model):
 
 
 def test_one_stage_steps_through_a_run_to_the_same_result(tmp_path, tiny_model):
-    from rlany.stages.loop import StageDone
-
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     whole = _run(_config(tmp_path / "a", tiny_model, keep_last=2))
@@ -178,11 +176,10 @@ def test_one_stage_steps_through_a_run_to_the_same_result(tmp_path, tiny_model):
     while True:
         loop = Loop(load_config(config), config, one_stage=True)
         loop._engine = FakeEngine(responder, model="fake")
-        try:
-            loop.run()
+        ran = loop.run()
+        if ran is None:
             break
-        except StageDone as done:
-            stages.append(str(done))
+        stages.append(ran)
     # eval of the base model, then 7 stages per iteration
     assert stages == ["eval"] + ["rollout", "judge", "score", "train-policy", "train-rm",
                                  "adapt-tasks", "eval"] * 2

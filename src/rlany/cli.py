@@ -20,6 +20,8 @@ from rich.markup import escape
 
 from rlany.console import console, info
 from rlany.errors import RlanyError, UsageError
+from rlany.options import command
+from rlany.stages import COMMANDS
 
 app = typer.Typer(
     help="rlany: RLAnything as Unix stages. A policy, a generative reward model and the "
@@ -42,87 +44,9 @@ def _example(*lines: str) -> str:
 # ---------------------------------------------------------------------------------------
 # the stages: one options class each (its fields are the flags), one driver `run(opts)`
 
-def _stage(name: str, module: str, cls: str, doc: str, *examples: str, **run_kw) -> None:
-    import importlib
-
-    from rlany.options import command
-
-    mod = importlib.import_module(f"rlany.{module}")
-    command(app, name, getattr(mod, cls), lambda opts: mod.run(opts, **run_kw), doc, examples)
-
-
-_stage("rollout", "stages.rollout", "RolloutOptions",
-       "Roll out the policy: n episodes per task, multi-turn, all live episodes stepped in "
-       "one batched generate call per turn. Writes the n trajectories of each task together.",
-       "rlany envs make-tasks reasoning --n 16 --seed 0 -o tasks.jsonl",
-       "rlany rollout -i tasks.jsonl -o trajectories.jsonl --model smollm2 --n 8",
-       "rlany rollout -i tasks.jsonl -o - --n 4 | rlany judge -i - -o - | rlany score -i - "
-       "-o scored.jsonl",
-       "rlany rollout -i examples/household/tasks.jsonl -o traj.jsonl --max-steps 8 "
-       "--constrain-actions",
-       "rlany rollout -i examples/household/learn_tasks.jsonl -o demos.jsonl --expert --n 1 "
-       "--max-steps 4 --history-turns 1")
-_stage("judge", "stages.judge", "JudgeOptions",
-       "Judge every step with a generative reward model: m samples per step (sharing the "
-       "prompt), each reasoning then giving +1 or -1 (decoded constrained by default, so "
-       "every verdict is readable). With --mode unit-tests (coding) the reward model writes "
-       "m tests per task instead, and each program's verdicts are whether it passes them.",
-       "rlany judge -i trajectories.jsonl -o judgments.jsonl --model smollm2 --m 3",
-       "rlany judge -i trajectories.jsonl -o judgments.jsonl --model smollm2 --m 4 "
-       "--max-tokens 0 --select used --obs-lines 1",
-       "rlany judge -i code_traj.jsonl -o judgments.jsonl --mode unit-tests --m 4",
-       "rlany judge -i traj.jsonl -o judgments.jsonl --engine openai --base-url "
-       "http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct")
-_stage("score", "stages.score", "ScoreOptions",
-       "Integrated step rewards and advantages for the policy, consistency rewards for the "
-       "reward model, and per-task accuracy. Streams one task group at a time.",
-       "rlany score -i trajectories.jsonl -j judgments.jsonl -o scored.jsonl",
-       "rlany score -i trajectories.jsonl --lam 0 -o scored.jsonl --stats stats.jsonl")
-_stage("train-policy", "stages.train_policy", "TrainOptions",
-       "Update the policy with PPO-clip on the kept scored steps (prompt messages -> the "
-       "sampled response tokens, weighted by the step advantage). Writes a LoRA adapter that "
-       "`rollout --adapter` uses.",
-       "rlany train-policy -i scored.jsonl -o ckpt/policy-1 --model smollm2",
-       "rlany train-policy -i scored.jsonl -o ckpt/policy-2 --adapter ckpt/policy-1",
-       "accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml -m rlany "
-       "train-policy -i scored.jsonl -o ckpt/p --model Qwen/Qwen2.5-7B-Instruct",
-       )
-_stage("train-rm", "stages.train_rm", "TrainRmOptions",
-       "Update the generative reward model with consistency feedback (R = O + lambda * "
-       "mean(S) from `rlany score`). A judge of bare verdicts (judge --max-tokens 0) is "
-       "trained on each judged step's verdict token, its expected consistency reward "
-       "computed exactly (--objective expected, the default there); a reasoning judge on "
-       "each kept sample, PPO weighted by its consistency advantage (pg).",
-       "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2",
-       "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2 --objective logloss",
-       "rlany judge -i traj.jsonl -o judgments.jsonl --model smollm2 --adapter ckpt/rm-1",
-       )
-_stage("sft", "stages.sft", "SftOptions",
-       "Warm-start the policy: supervised fine-tuning (token negative log-likelihood) on the "
-       "steps of successful trajectories, e.g. the env's expert demonstrations from "
-       "`rollout --expert`. Writes a LoRA adapter that `rollout --adapter` and a loop's "
-       "`init_policy` use.",
-       "rlany rollout -i examples/household/learn_tasks.jsonl -o demos.jsonl --expert --n 1 "
-       "--max-steps 4 --history-turns 1",
-       "rlany sft -i demos.jsonl -o ckpt/sft --model smollm2",
-       "rlany loop examples/household/learn.toml --name warm --set init_policy=ckpt/sft",
-       "rlany loop examples/household/learn.toml --name warm2 --set warm_start=true",
-       )
-_stage("adapt-tasks", "stages.adapt_tasks", "AdaptOptions",
-       "Adapt the environment: accept rolled-out candidates that proved harder/easier, then "
-       "rewrite tasks the policy always (>= alpha-high) or never (<= alpha-low) solves, "
-       "guided by a summary of the reward model's critiques.",
-       "rlany adapt-tasks -i tasks.jsonl --stats task_stats.jsonl -j judgments.jsonl "
-       "-o next_tasks.jsonl --candidates candidates.jsonl --model smollm2",
-       "rlany adapt-tasks -i tasks.jsonl --pending candidates.jsonl --stats task_stats.jsonl "
-       "-j judgments.jsonl -o next_tasks.jsonl --candidates new_candidates.jsonl "
-       "--iteration 2")
-_stage("eval", "stages.eval", "EvalOptions",
-       "Evaluate a policy (base or adapter) on held-out tasks: success rate, pass@k, mean "
-       "steps; with --judge, the judge's step accuracy against the env's step labels.",
-       "rlany eval -i examples/reasoning/eval.jsonl -o eval.json --model smollm2 --n 4 --k 1 "
-       "--k 4",
-       "rlany eval -i eval.jsonl -o - --adapter ckpt/policy-3 --judge-adapter ckpt/rm-3")
+for _stage in COMMANDS:
+    command(app, _stage.name, _stage.options, _stage.run, _stage.help, _stage.examples)
+del _stage
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,17 +81,16 @@ def loop_cmd(
     """Run the closed loop: rollout -> judge -> score -> train-policy -> train-rm ->
     adapt-tasks (+ eval), one directory per iteration under runs/NAME/. Rerunning the same
     command after a kill skips finished stages and resumes the interrupted one."""
-    from rlany.stages.loop import Loop, StageDone, load_config
+    from rlany.stages.loop import Loop, load_config
 
     overrides = {k: v for k, v in {"name": name, "iterations": iterations, "seed": seed,
                                    "runs_dir": runs_dir, "step_feedback": step_feedback,
                                    "rm_training": rm_training,
                                    "env_adaptation": env_adaptation}.items() if v is not None}
     cfg = load_config(config, overrides, sets=set_ or [])
-    try:
-        Loop(cfg, config, one_stage=one_stage).run()
-    except StageDone as done:
-        info(f"loop: stopped after {done} (--one-stage); rerun for the next stage")
+    ran = Loop(cfg, config, one_stage=one_stage).run()
+    if ran:
+        info(f"loop: stopped after {ran} (--one-stage); rerun for the next stage")
 
 
 @app.command("report", epilog=_example("rlany report runs/demo",

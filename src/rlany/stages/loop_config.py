@@ -12,27 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlany.errors import RlanyError, UsageError
-
-
-def _tables() -> dict[str, tuple[str, type, str]]:
-    """config table -> (command, options class, module with `run`)."""
-    from rlany.stages.adapt_tasks import AdaptOptions
-    from rlany.stages.eval import EvalOptions
-    from rlany.stages.judge import JudgeOptions
-    from rlany.stages.rollout import RolloutOptions
-    from rlany.stages.score import ScoreOptions
-    from rlany.stages.sft import SftOptions
-    from rlany.stages.train_policy import TrainOptions
-    from rlany.stages.train_rm import TrainRmOptions
-
-    return {"rollout": ("rollout", RolloutOptions, "stages.rollout"),
-            "judge": ("judge", JudgeOptions, "stages.judge"),
-            "score": ("score", ScoreOptions, "stages.score"),
-            "train_policy": ("train-policy", TrainOptions, "stages.train_policy"),
-            "train_rm": ("train-rm", TrainRmOptions, "stages.train_rm"),
-            "adapt_tasks": ("adapt-tasks", AdaptOptions, "stages.adapt_tasks"),
-            "eval": ("eval", EvalOptions, "stages.eval"),
-            "sft": ("sft", SftOptions, "stages.sft")}  # the warm start (warm_start = true)
+from rlany.stages import BY_TABLE
 
 
 def _run_keys() -> dict[str, Any]:
@@ -40,8 +20,8 @@ def _run_keys() -> dict[str, Any]:
     from rlany.options import specs
 
     keys: dict[str, Any] = {}
-    for _, cls, _ in _tables().values():
-        for key, (hint, _, spec) in specs(cls).items():
+    for stage in BY_TABLE.values():
+        for key, (hint, _, spec) in specs(stage.options).items():
             if spec.scope == "run":
                 keys.setdefault(key, hint)
     return keys
@@ -80,7 +60,7 @@ class LoopConfig:
         """The options object of one stage: run keys + its table + what the loop sets."""
         from rlany.options import from_table, specs
 
-        _, cls, _ = _tables()[table]
+        cls = BY_TABLE[table].options
         fields = specs(cls)
         run = {k: v for k, v in self.run.items() if k in fields and fields[k][2].scope == "run"}
         return from_table(cls, self.tables.get(table, {}), self.path, table, **run, **io)
@@ -149,7 +129,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
     raw.update(overrides)
     for item in sets:
         _apply_set(raw, item)
-    tables, run_keys, loop_keys = _tables(), _run_keys(), LoopConfig.keys()
+    tables, run_keys, loop_keys = BY_TABLE, _run_keys(), LoopConfig.keys()
     top: dict[str, Any] = {}
     run: dict[str, Any] = {}
     sections: dict[str, dict] = {}
@@ -184,7 +164,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
                          where=cfg.path)
     _resolve(cfg, overrides)
     for table in tables:  # every stage's options, checked before anything runs
-        cfg.options(table, **_placeholders(tables[table][1]))
+        cfg.options(table, **_placeholders(tables[table].options))
     _check_files(cfg)
     return cfg
 
@@ -260,9 +240,9 @@ def _apply_set(raw: dict[str, Any], item: str) -> None:
         value = text.strip()
     table, _, name = key.rpartition(".")
     if table:
-        if table not in _tables():
+        if table not in BY_TABLE:
             raise UsageError(f"--set {item!r}: no table [{table}]",
-                             hint=f"tables: {', '.join(_tables())}")
+                             hint=f"tables: {', '.join(BY_TABLE)}")
         section = raw.setdefault(table, {})
         if not isinstance(section, dict):
             raise UsageError(f"--set {item!r}: [{table}] is not a table")
