@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-ENGINES = ("auto", "vllm", "openai", "hf", "fake")
+ENGINES = ("auto", "vllm", "hf", "openai", "fake")  # the --engine choices
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from statistics import fmean
 
 from rlany.errors import RlanyError
 from rlany.options import opt
-from rlany.records import Judgment, Trajectory
+from rlany.prompts import VERDICT_MODES
+from rlany.records import MODES, Judgment, Trajectory
 from rlany.stages.rollout import EpisodeFields
 
 # eval's flags that are the judge's (eval key -> judge key); `rlany loop` fills them from
@@ -66,9 +67,9 @@ class EvalOptions(EpisodeFields):
     obs_lines: int = opt(0, "The judge's observation cap (see `rlany judge --help`).", min=0,
                          panel=JUDGE_PANEL)
     judge_mode: str = opt("steps", "The judge's mode (see `rlany judge --help`).",
-                          choices=("steps", "unit-tests"), panel=JUDGE_PANEL)
+                          choices=MODES, panel=JUDGE_PANEL)
     verdict: str = opt("constrained", "The judge's verdict decoding (see `rlany judge "
-                       "--help`).", choices=("constrained", "free"), panel=JUDGE_PANEL)
+                       "--help`).", choices=VERDICT_MODES, panel=JUDGE_PANEL)
     judge_last_step_only: bool = opt(False, "Judge only each episode's last step: the "
                                      "outcome-labelled one, at a fraction of the cost.",
                                      panel=JUDGE_PANEL)

@@ -32,6 +32,7 @@ from rlany.engines import Engine, Request, Sampling, stable_seed
 from rlany.errors import RlanyError
 from rlany.options import EngineFields, opt
 from rlany.prompts import (
+    VERDICT_MODES,
     clip,
     generate_verdicts,
     judge_messages,
@@ -39,12 +40,15 @@ from rlany.prompts import (
     parse_verdict,
     unit_test_messages,
 )
-from rlany.records import JudgeSample, Judgment, StepJudgment, Trajectory, responses_digest
+from rlany.records import (
+    MODES,
+    JudgeSample,
+    Judgment,
+    StepJudgment,
+    Trajectory,
+    responses_digest,
+)
 
-MODES = ("steps", "unit-tests")
-
-
-VERDICTS = ("constrained", "free")
 SELECTS = ("all", "used")
 
 
@@ -72,7 +76,7 @@ class JudgeOptions(EngineFields):
                     choices=MODES)
     verdict: str = opt("constrained", "constrained: reason freely, then the verdict is decoded "
                        "as exactly \\boxed{+1} or \\boxed{-1} (always readable). free: parse "
-                       "whatever the judge wrote (unparseable scores 0).", choices=VERDICTS)
+                       "whatever the judge wrote (unparseable scores 0).", choices=VERDICT_MODES)
     last_step_only: bool = opt(False, "Judge only each trajectory's last step.")
     select: str = opt("all", "Which tasks to judge. all: every step of every trajectory "
                       "(the paper). used: only the tasks `score` can train on, i.e. not a "
