@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from rlany.chat import text_of
-from rlany.engines import Engine, Request, Sampling, stable_seed
+from rlany.engines import Engine, Request, Sampling, real_token_ids, stable_seed
 from rlany.errors import RlanyError
 from rlany.options import EngineFields, opt
 from rlany.prompts import (
@@ -181,7 +181,7 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                                          seed=stable_seed(opts.seed, "judge", tid, k)))
                 for tid, steps in prompts.items() for k, p in steps]
     results = iter(generate_verdicts(engine, requests, opts.verdict))
-    real_ids = getattr(engine, "real_token_ids", True)
+    real_ids = real_token_ids(engine)
     for group in batch:
         judgments = []
         for traj in group:
