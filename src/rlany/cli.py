@@ -13,12 +13,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
 
 from rlany.console import console, info
+from rlany.envs.make import MAX_TASKS, SPLITS, excluding, parse_knobs, spec_key
 from rlany.errors import RlanyError, UsageError
 from rlany.options import command
 from rlany.stages import COMMANDS
@@ -175,73 +176,6 @@ def envs_show(name: Annotated[str, typer.Argument(help="Environment name.")]) ->
     print(inspect.getdoc(inspect.getmodule(f)) or inspect.getdoc(f) or name)
 
 
-MAX_TASKS = 100_000  # a pool is read whole by every stage; more is a mistake, not a pool
-SPLITS = ("train", "eval")
-
-
-def _excluding(make, banned: set[str], n: int, kwargs: dict) -> list:
-    """The first n generated tasks whose spec is not in `banned`. A generator is sequential
-    per seed (its first k tasks do not depend on how many it makes), so drawing more keeps
-    the same prefix: doubled until n remain or 64 x n (at most 4 x MAX_TASKS) were drawn."""
-    drawn = n
-    while True:
-        kept = [t for t in make(n=drawn, **kwargs) if _spec_key(t) not in banned]
-        if len(kept) >= n or drawn >= min(64 * n, 4 * MAX_TASKS):
-            break
-        drawn = min(drawn * 2, 64 * n, 4 * MAX_TASKS)
-    if len(kept) < n:
-        raise RlanyError(f"only {len(kept)} of {drawn} generated tasks are not in --exclude",
-                         hint="ask for fewer tasks (--n) or change the knobs")
-    return kept[:n]
-
-
-def _spec_key(task) -> str:
-    import json as _json
-
-    return _json.dumps(task.spec, sort_keys=True)
-
-
-def _knobs(items: list[str], params: dict, name: str) -> dict:
-    """`--knob key=value` items -> keyword arguments of the env's generator: each key known
-    and given once, each value of its default's type (JSON for numbers and booleans, the
-    raw text for a string knob). Every mistake is a usage error naming the knob."""
-    import inspect
-    import json as _json
-
-    known = [k for k in params if k not in ("n", "seed", "split")]
-    knobs: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--knob must be key=value, got '{item}'")
-        if key not in known:
-            raise UsageError(f"--knob {key}: unknown knob for '{name}'",
-                             hint=f"known: {', '.join(known)}")
-        if key in knobs:
-            raise UsageError(f"--knob {key} is given twice; give each knob once")
-        default = params[key].default
-        try:
-            value = _json.loads(text)
-        except ValueError:
-            value = text
-        if isinstance(default, str) or default is None:
-            value = text  # a string knob takes the text as written ("10" stays "10")
-        elif isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise UsageError(f"--knob {key} must be true or false, got '{text}'")
-        elif isinstance(default, int):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise UsageError(f"--knob {key} must be an integer, got '{text}'")
-        elif isinstance(default, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UsageError(f"--knob {key} must be a number, got '{text}'")
-            value = float(value)
-        elif default is not inspect.Parameter.empty and not isinstance(value, type(default)):
-            raise UsageError(f"--knob {key} must be like {default!r}, got '{text}'")
-        knobs[key] = value
-    return knobs
-
-
 @envs_app.command("make-tasks", epilog=_example(
     "rlany envs make-tasks reasoning --n 32 --seed 0 -o tasks.jsonl",
     "rlany envs make-tasks reasoning --n 8 --seed 1 --knob digits=2 --split eval -o eval.jsonl",
@@ -282,7 +216,7 @@ def envs_make_tasks(
     make = getattr(module, "make_tasks", None)
     if make is None:
         raise RlanyError(f"environment '{name}' has no task generator")
-    knobs = _knobs(knob or [], dict(inspect.signature(make).parameters), name)
+    knobs = parse_knobs(knob or [], dict(inspect.signature(make).parameters), name)
     paths = prepare_paths({"--exclude": exclude}, {"--output": output})
     inputs = []
     kwargs = dict(seed=seed, split=split, **knobs)
@@ -290,7 +224,7 @@ def envs_make_tasks(
         if exclude:
             excluded, reader = read_tasks(paths["--exclude"], name=exclude)
             inputs.append(reader)
-            tasks = _excluding(make, {_spec_key(t) for t in excluded}, n, kwargs)
+            tasks = excluding(make, {spec_key(t) for t in excluded}, n, kwargs)
         else:
             tasks = make(n=n, **kwargs)
     except RlanyError as e:  # the generator refused its knobs: the command line's fault
