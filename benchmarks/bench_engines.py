@@ -34,7 +34,7 @@ def lora_adapter(base: str, out: Path) -> str:
 def measure(kind: str, base: str, adapter: str | None, tasks) -> dict:
     from rlany import envs
     from rlany.engines import EngineConfig, make_engine
-    from rlany.rollout import RolloutOptions, rollout
+    from rlany.stages.rollout import RolloutOptions, rollout
 
     engine = make_engine(EngineConfig(kind=kind, model=base, max_model_len=2048,
                                       max_lora_rank=16))

@@ -26,9 +26,9 @@ def main() -> dict:
     from rlany import envs
     from rlany.engines import EngineConfig, Request, Sampling, make_engine
     from rlany.envs.household import make_tasks
-    from rlany.judge import JudgeOptions, judge, step_prompts
     from rlany.models import resolve_model
-    from rlany.rollout import RolloutOptions, rollout
+    from rlany.stages.judge import JudgeOptions, judge, step_prompts
+    from rlany.stages.rollout import RolloutOptions, rollout
 
     engine = make_engine(EngineConfig(kind="vllm", model=resolve_model("smollm2"),
                                       max_model_len=2048))

@@ -48,7 +48,7 @@ def one(mode: str, scored: str, out: str, max_steps: int) -> dict:
     from rlany.engines import EngineConfig, Request, Sampling
     from rlany.engines.hf import HfEngine
     from rlany.models import resolve_model
-    from rlany.train_stage import TrainOptions, run
+    from rlany.stages.train_policy import TrainOptions, run
 
     model = resolve_model("smollm2")
     engine = HfEngine(EngineConfig(kind="hf", model=model, dtype=resolve_dtype("auto")))
@@ -58,7 +58,7 @@ def one(mode: str, scored: str, out: str, max_steps: int) -> dict:
     opts = TrainOptions(input=scored, output=out, model=model, lr=3e-4, micro_batch=8,
                         target_modules="q_proj,v_proj", max_steps=max_steps, seed=0)
     t0 = time.perf_counter()
-    run(opts, "policy", say=lambda s: None, engine=engine if mode == "engine" else None)
+    run(opts, say=lambda s: None, engine=engine if mode == "engine" else None)
     seconds = time.perf_counter() - t0
     base_from = json.loads((Path(out) / "rlany.json").read_text())["base_from"]
     return {"mode": mode, "base_from": base_from, "train_seconds": round(seconds, 2),

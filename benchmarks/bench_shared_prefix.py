@@ -33,7 +33,7 @@ DATA = Path(__file__).parent / "data" / "household-step.jsonl.gz"
 
 
 def load_samples(tokenizer):
-    from rlany.train import RawSample, tokenize
+    from rlany.training.samples import RawSample, tokenize
     with gzip.open(DATA, "rt") as f:
         raw = [RawSample(r["messages"], r["response"], r["advantage"], r["ended"],
                          r["token_ids"], r["logprobs"]) for r in map(json.loads, f)]
@@ -59,7 +59,7 @@ def write_data(scored: str) -> None:
 def computed_tokens(data, steps, micro: int, share: bool) -> int:
     """Tokens the forward runs over the planned steps (padding excluded)."""
     from rlany.shared_prefix import common_prefix, pack_rows
-    from rlany.train import micro_batches
+    from rlany.training.trainer import micro_batches
     total = 0
     for step in steps:
         for mb in micro_batches(step, data, 0, 1, micro):
@@ -82,7 +82,9 @@ def main() -> dict:
     if args.from_scored:
         return write_data(args.from_scored)
     from rlany.models import resolve_model
-    from rlany.train import TrainOptions, load_model, plan_steps, train
+    from rlany.stages.train_policy import TrainOptions
+    from rlany.training.model import load_model
+    from rlany.training.trainer import plan_steps, train
 
     base = resolve_model("smollm2")
     opts = TrainOptions(output="unused", micro_batch=8, grad_accum=1, lr=3e-4,

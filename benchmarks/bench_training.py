@@ -29,7 +29,7 @@ from common import save  # noqa: E402
 
 
 def samples(tokenizer, n: int = 32):
-    from rlany.train import tokenize
+    from rlany.training.samples import tokenize
     raw = [([{"role": "user", "content": f"Solve the problem. What is {i} + {i * 3}? "
               + "Explain briefly. " * (i % 4)}],
             f"We add {i} and {i * 3}. " * (1 + i % 3) + f"The answer is \\boxed{{{4 * i}}}.",
@@ -42,7 +42,7 @@ def with_engine_logprobs(model, data, pad):
     import torch
 
     from rlany.compat import accepts_logits_to_keep
-    from rlany.train import collate, response_logprobs
+    from rlany.training.trainer import collate, response_logprobs
 
     keep = accepts_logits_to_keep(model)
     model.eval()
@@ -58,7 +58,7 @@ def bare_loop(model, batches, pad, lr):
     import torch
 
     from rlany.compat import accepts_logits_to_keep
-    from rlany.train import collate, response_logprobs
+    from rlany.training.trainer import collate, response_logprobs
 
     keep = accepts_logits_to_keep(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
@@ -76,7 +76,9 @@ def bare_loop(model, batches, pad, lr):
 
 def main() -> dict:
     from rlany.models import resolve_model
-    from rlany.train import TrainOptions, load_model, micro_batches, plan_steps, train
+    from rlany.stages.train_policy import TrainOptions
+    from rlany.training.model import load_model
+    from rlany.training.trainer import micro_batches, plan_steps, train
 
     base = resolve_model("smollm2")
     opts = TrainOptions(output="unused", micro_batch=4, grad_accum=2, lr=2e-5)

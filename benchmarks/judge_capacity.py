@@ -5,8 +5,8 @@ The gate separates "a 135M judge cannot learn this" from "it is not being taught
 1. Data, no model: episodes on the pool tasks (train) and the held-out tasks (test) of
    `examples/household/learn.toml`, played by a mix of the env's expert and a uniform
    random admissible action (p_expert per episode in {0, .25, .5, .75, 1}), in exactly the
-   policy's prompts (`rlany.rollout`'s episode code, learn.toml's rollout flags) and then the
-   judge's prompts (`rlany.judge.step_prompts`, learn.toml's judge flags: history 1, obs
+   policy's prompts (`rlany.stages.rollout`'s episode code, learn.toml's rollout flags) and then the
+   judge's prompts (`rlany.stages.judge.step_prompts`, learn.toml's judge flags: history 1, obs
    lines 1). Each step carries the env's label (+1 iff it shortens the shortest plan).
 2. One forward pass of SmolLM2-135M over every prompt (+ the forced `\\boxed{` prefix) keeps
    (a) the last position's hidden state at every layer, for linear probes, and (b) the whole
@@ -14,7 +14,7 @@ The gate separates "a 135M judge cannot learn this" from "it is not being taught
    many epochs at a fraction of the cost: a copy of the model with only those K layers run
    on the cached states (`inputs_embeds`) gives the same logits as the whole model
    (checked at start). It is a lower bound on what the whole judge can learn.
-3. Supervised, class-balanced training of the verdict (`rlany.verdict`'s logloss, the one
+3. Supervised, class-balanced training of the verdict (`rlany.training.verdict`'s logloss, the one
    branch token, LoRA r16 on the top K layers' linear modules) on N train steps for
    N in --grid and lr in --lrs; held-out balanced accuracy of the greedy verdict
    (q(+1) > 0.5) and of a verdict sampled at T = 0.8 (exact expectation, no draw).
@@ -55,7 +55,8 @@ def episodes(tasks_path: Path, per_task: int, seed: int) -> list:
     """Trajectories of a seeded expert/random mix, in the policy's prompts."""
     from rlany.engines import Completion
     from rlany.envs import make_env
-    from rlany.rollout import (
+    from rlany.stageio import read_tasks
+    from rlany.stages.rollout import (
         RolloutOptions,
         _advance,
         _choices,
@@ -63,7 +64,6 @@ def episodes(tasks_path: Path, per_task: int, seed: int) -> list:
         _trajectory,
         _window,
     )
-    from rlany.stageio import read_tasks
 
     opts = RolloutOptions(n=per_task, max_steps=4, history_turns=1, constrain_actions=True)
     rng = random.Random(seed)
@@ -86,7 +86,7 @@ def episodes(tasks_path: Path, per_task: int, seed: int) -> list:
 
 def judged_steps(trajectories: list) -> list[dict]:
     """{messages, label, outcome, task} per step, the judge prompt as learn.toml builds it."""
-    from rlany.judge import step_prompts
+    from rlany.stages.judge import step_prompts
 
     rows = []
     for tr in trajectories:
@@ -110,7 +110,7 @@ def load(model_path: str):
 def encode(tok, rows: list[dict]) -> tuple[list[list[int]], object]:
     from rlany.chat import render
     from rlany.prompts import VERDICT_CHOICES, parse_verdict
-    from rlany.verdict import branch
+    from rlany.training.verdict import branch
 
     at = branch(tok, VERDICT_CHOICES, tuple(parse_verdict(c) for c in VERDICT_CHOICES))
     return [render(tok, r["messages"]) + at.prefix for r in rows], at
@@ -204,7 +204,7 @@ def finetune(model, cache, train_idx, targets, test_idx, test_labels, at, *, k: 
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from rlany.verdict import class_weights, verdict_loss
+    from rlany.training.verdict import class_weights, verdict_loss
 
     torch.manual_seed(seed)
     top = get_peft_model(top_model(model, k), LoraConfig(

@@ -35,7 +35,7 @@ def p_positive(model, prompts, at, pad: int) -> list[float]:
     """P(+1) of the verdict at the branch for each prompt (no grad, 16 at a time)."""
     import torch
 
-    from rlany.verdict import choice_logprobs
+    from rlany.training.verdict import choice_logprobs
     out = []
     with torch.no_grad():
         for b in range(0, len(prompts), 16):

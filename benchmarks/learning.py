@@ -53,7 +53,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, check_name, save, write_readme_block  # noqa: E402
 
-from rlany.evaluate import gain_interval, wilson_interval  # noqa: E402
+from rlany.stages.eval import gain_interval, wilson_interval  # noqa: E402
 
 HOUSEHOLD_LEARN = "household/learn.toml"  # judge_heldout.py's steps are this config's
 JUDGED_EVAL = ["--set", "eval.judge=true"]  # arms with a judge: its step accuracy, base and final
@@ -95,9 +95,9 @@ def judge_on_rollouts(it_dir: Path) -> dict | None:
     """The judge's verdicts on one iteration's rollouts against the env's step labels
     (balanced accuracy) and its share of +1 verdicts, read from the iteration's files (so
     runs made before the judge stage reported it are covered too)."""
-    from rlany.evaluate import judge_metrics
     from rlany.jsonl import JsonlReader
     from rlany.records import JudgeSample, Judgment, Trajectory
+    from rlany.stages.eval import judge_metrics
 
     if not (it_dir / "judgments.jsonl").exists():
         return None

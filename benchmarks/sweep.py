@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, check_name, save, write_readme_block  # noqa: E402
 from learning import ARMS, run_loop, summarize_run  # noqa: E402
 
-from rlany.evaluate import gain_interval  # noqa: E402
+from rlany.stages.eval import gain_interval  # noqa: E402
 
 DEFAULT = "default"
 # what a policy-only run's outcome depends on; a default run borrowed from elsewhere
@@ -86,7 +86,7 @@ def check_default(default: Path, config: str, seed: int) -> None:
     reward-model settings are unused in a policy-only run and may differ)."""
     import dataclasses
 
-    from rlany.loop_config import load_config
+    from rlany.stages.loop_config import load_config
 
     if not (default / "config.json").exists():
         raise SystemExit(f"--default-from: no run {default} (its config.json is missing)")

@@ -182,7 +182,7 @@ def test_bad_flags_and_paths(args, expected, tmp_path, cli, tiny_model):
     _write(tasks, K)
     (tmp_path / "bad.toml").write_text("name = \n")
     (tmp_path / "unknown.toml").write_text('name = "x"\ntasks = "t.jsonl"\nlambda = 1\n')
-    from rlany.score import ScoreOptions, score_group
+    from rlany.stages.score import ScoreOptions, score_group
     scored, _ = score_group([("x:1", make_traj("t", 0, 1), None), ("x:2", make_traj("t", 1, 1), None)],
                             ScoreOptions(lam=0.0))
     noscored = write_jsonl(tmp_path / "noscored.jsonl", scored)   # uniform outcome: nothing kept

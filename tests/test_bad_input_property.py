@@ -542,7 +542,8 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
 
     stack.enter_context(mock.patch.object(rlany.stageio, "start_engine", start_engine))
     if slot.stage.startswith("train"):
-        import rlany.train
+        import rlany.training.model
+        import rlany.training.trainer
 
         def load_model(base, adapter, opts):
             started.append("model")
@@ -559,10 +560,10 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
                                    for i in s.prompt_ids + s.response_ids), "untrainable ids"
             raise Stopped(f"{STOPPED} (training)")
 
-        stack.enter_context(mock.patch.object(rlany.train, "load_model", load_model))
-        stack.enter_context(mock.patch.object(rlany.train, "train", train))
+        stack.enter_context(mock.patch.object(rlany.training.model, "load_model", load_model))
+        stack.enter_context(mock.patch.object(rlany.training.trainer, "train", train))
     if slot.stage == "loop":
-        import rlany.loop
+        import rlany.stages.loop
 
         class Loop:
             def __init__(self, cfg, *args, **kwargs):
@@ -571,7 +572,7 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
             def run(self):
                 raise Stopped(f"{STOPPED} (the loop)")
 
-        stack.enter_context(mock.patch.object(rlany.loop, "Loop", Loop))
+        stack.enter_context(mock.patch.object(rlany.stages.loop, "Loop", Loop))
 
 
 class Outcome(typing.NamedTuple):

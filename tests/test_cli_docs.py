@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from rlany.loop_config import _tables
 from rlany.options import RESEARCH_PANEL, command, from_table, opt, specs, to_argv
+from rlany.stages import COMMANDS
 
 ROOT = Path(__file__).parent.parent
 
@@ -84,7 +84,8 @@ def test_every_research_switch_is_documented_with_its_benchmark():
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     from rlany.cli import app
 
-    for command_name, cls, _ in _tables().values():
+    for stage in COMMANDS:
+        command_name, cls = stage.name, stage.options
         diagnostic = {k for k, (_, _, s) in specs(cls).items() if s.diagnostic}
         for key in diagnostic:
             flag = "--" + key.replace("_", "-")
@@ -94,7 +95,7 @@ def test_every_research_switch_is_documented_with_its_benchmark():
             result = CliRunner().invoke(app, [command_name, "--help-all"])
             assert result.exit_code == 0 and RESEARCH_PANEL in result.output
     listed = set(re.findall(r"`(--[a-z-]+)", "\n".join(r.split("|")[2] for r in rows)))
-    known = {"--" + k.replace("_", "-") for _, cls, _ in _tables().values() for k in specs(cls)}
+    known = {"--" + k.replace("_", "-") for stage in COMMANDS for k in specs(stage.options)}
     assert listed <= known, f"benchmarks/README.md lists flags no stage has: {listed - known}"
 
 

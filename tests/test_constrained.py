@@ -8,7 +8,7 @@ from rlany.engines import EngineConfig, Request, Sampling
 from rlany.engines.fake import FakeEngine
 from rlany.envs.household import HouseholdEnv, make_tasks
 from rlany.errors import RlanyError
-from rlany.rollout import RolloutOptions, rollout
+from rlany.stages.rollout import RolloutOptions, rollout
 from test_rollout_judge import ThreeTurns, three_tasks
 
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlany.adapt import AdaptOptions, parse_spec, propose
 from rlany.engines.fake import FakeEngine
 from rlany.envs import make_env
 from rlany.envs.household import HouseholdEnv
 from rlany.envs.household import make_tasks as house_tasks
 from rlany.envs.reasoning import make_tasks
-from rlany.judge import JudgeOptions, judge
 from rlany.prompts import parse_verdict
 from rlany.records import TaskStats
-from rlany.rollout import RolloutOptions, rollout
+from rlany.stages.adapt_tasks import AdaptOptions, parse_spec, propose
+from rlany.stages.judge import JudgeOptions, judge
+from rlany.stages.rollout import RolloutOptions, rollout
 
 # text biased toward the syntax the parsers look for
 pieces = st.sampled_from(["\\boxed{", "}", "{", "+1", "-1", "−1", "1", "$", "\\text{",

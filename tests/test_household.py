@@ -91,7 +91,7 @@ def test_edited_specs_are_validated():
 def test_rollout_through_the_registry(tmp_path, cli):
     from rlany.engines.fake import FakeEngine
     from rlany.envs import make_env
-    from rlany.rollout import RolloutOptions, rollout
+    from rlany.stages.rollout import RolloutOptions, rollout
 
     tasks = make_tasks(2, seed=7, kinds="pick")
     eng = FakeEngine.from_rules([{"responses": ["1", "2", "3", "look"]}])

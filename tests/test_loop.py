@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from conftest import read_jsonl, write_jsonl
-from rlany.adapt import AdaptOptions, acceptance, decide, parse_spec
 from rlany.engines.fake import FakeEngine
 from rlany.envs.reasoning import make_tasks
 from rlany.errors import RlanyError
-from rlany.loop import Loop, load_config
 from rlany.records import Lineage, Task, TaskStats
+from rlany.stages.adapt_tasks import AdaptOptions, acceptance, decide, parse_spec
+from rlany.stages.loop import Loop, load_config
 
 OPTS = AdaptOptions(alpha_high=0.8, alpha_low=0.2)
 
@@ -168,8 +168,6 @@ def test_loop_runs_resumes_and_skips(tmp_path, tiny_model):
 
 
 def test_one_stage_steps_through_a_run_to_the_same_result(tmp_path, tiny_model):
-    from rlany.loop import StageDone
-
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     whole = _run(_config(tmp_path / "a", tiny_model, keep_last=2))
@@ -178,11 +176,10 @@ def test_one_stage_steps_through_a_run_to_the_same_result(tmp_path, tiny_model):
     while True:
         loop = Loop(load_config(config), config, one_stage=True)
         loop._engine = FakeEngine(responder, model="fake")
-        try:
-            loop.run()
+        ran = loop.run()
+        if ran is None:
             break
-        except StageDone as done:
-            stages.append(str(done))
+        stages.append(ran)
     # eval of the base model, then 7 stages per iteration
     assert stages == ["eval"] + ["rollout", "judge", "score", "train-policy", "train-rm",
                                  "adapt-tasks", "eval"] * 2
@@ -297,11 +294,11 @@ def test_cli_adapt_tasks_with_no_pending_candidates(tmp_path, cli):
 
 
 def test_adapt_edits_mode_picks_an_env_edit_and_records_it():
-    from rlany.adapt import propose
     from rlany.engines.fake import FakeEngine
     from rlany.envs import make_env
     from rlany.envs.household import make_tasks as household_tasks
     from rlany.records import TaskStats
+    from rlany.stages.adapt_tasks import propose
 
     pool = household_tasks(3, seed=2)
 
@@ -340,11 +337,11 @@ def test_adapt_edits_mode_picks_an_env_edit_and_records_it():
 
 
 def test_adapt_summary_model_condenses_the_critiques():
-    from rlany.adapt import propose
     from rlany.engines.fake import FakeEngine
     from rlany.envs import make_env
     from rlany.envs.reasoning import make_tasks as reasoning_tasks
     from rlany.records import TaskStats
+    from rlany.stages.adapt_tasks import propose
 
     pool = reasoning_tasks(1, seed=0)
     table = {pool[0].task_id: TaskStats(
@@ -364,7 +361,7 @@ def test_adapt_summary_model_condenses_the_critiques():
 
 def test_a_verdict_only_judge_is_trained_with_the_verdict_objective(tmp_path, tiny_model):
     """[judge] max_tokens = 0: the judge's samples are bare verdicts, so train-rm's default
-    objective (auto) trains the verdict token of every judged step (rlany.verdict), and
+    objective (auto) trains the verdict token of every judged step (rlany.training.verdict), and
     the next iteration judges with that adapter."""
     config = _config(tmp_path, tiny_model, step_feedback=True, rm_training=True,
                      env_adaptation=False)

@@ -1,7 +1,6 @@
 """One options class per stage: the CLI, the loop config and the printed command agree."""
 
 import dataclasses
-import importlib
 import json
 import shlex
 import shutil
@@ -10,18 +9,18 @@ import pytest
 
 from rlany.cli import app
 from rlany.errors import RlanyError
-from rlany.loop_config import _tables, load_config
 from rlany.options import flag, specs, to_argv
+from rlany.stages import BY_TABLE
+from rlany.stages.loop_config import load_config
 
-TABLES = _tables()
+TABLES = BY_TABLE
 
 
 def _parse(argv: list[str], monkeypatch) -> object:
     """Run argv through the real CLI with the stage's driver replaced by a recorder."""
     seen = []
     command = argv[1]
-    table = next(t for t, (c, _, _) in TABLES.items() if c == command)
-    module = importlib.import_module(f"rlany.{TABLES[table][2]}")
+    module = next(c.module for c in TABLES.values() if c.name == command)
     monkeypatch.setattr(module, "run", lambda opts, **kw: seen.append(opts))
     app(args=argv[1:], standalone_mode=False)
     (opts,) = seen
@@ -46,7 +45,7 @@ def _nondefault(hint, default, spec):
 
 @pytest.mark.parametrize("table", list(TABLES))
 def test_printed_command_round_trips_through_the_cli(table, monkeypatch):
-    command, cls, _ = TABLES[table]
+    command, cls = TABLES[table].name, TABLES[table].options
     values = {k: _nondefault(h, d, s) for k, (h, d, s) in specs(cls).items()}
     if table == "eval":
         values.update(n=4, k=(1, 2))
@@ -64,7 +63,8 @@ def test_printed_command_round_trips_through_the_cli(table, monkeypatch):
 
 
 def test_flag_field_and_toml_key_are_one_name(tmp_path):
-    for table, (command, cls, _) in TABLES.items():
+    for table, stage in TABLES.items():
+        command, cls = stage.name, stage.options
         result = _help(command)
         for key, (_, _, spec) in specs(cls).items():
             assert flag(key) in result, (command, key)
@@ -106,7 +106,8 @@ def _config(tmp_path, body: str, top: str = ""):
 
 def test_loop_and_cli_defaults_are_the_same(tmp_path):
     cfg = _config(tmp_path, "")
-    for table, (_, cls, _) in TABLES.items():
+    for table, stage in TABLES.items():
+        cls = stage.options
         io = _io(cls)
         from_loop = cfg.options(table, **io)
         from_cli = cls(**io, max_lora_rank=from_loop.max_lora_rank) \

@@ -4,7 +4,7 @@ one line with a band."""
 import json
 from pathlib import Path
 
-from rlany.report import lines, load_run, write_report
+from rlany.stages.report import lines, load_run, write_report
 
 
 def _run(root: Path, name: str, evals: list[float], judge: bool = False) -> Path:

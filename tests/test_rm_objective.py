@@ -1,4 +1,4 @@
-"""train-rm's verdict objectives (rlany.verdict): the loss by hand, the branch token, the
+"""train-rm's verdict objectives (rlany.training.verdict): the loss by hand, the branch token, the
 class weights, score's rm_target, and a judge that must learn a separable toy set."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from conftest import make_judgment, make_traj, write_jsonl
 from rlany.errors import RlanyError
 from rlany.records import Scored, ScoredJudgeSample, ScoredStep
-from rlany.score import ScoreOptions, score_group
-from rlany.verdict import branch, class_weights, verdict_loss
+from rlany.stages.score import ScoreOptions, score_group
+from rlany.training.verdict import branch, class_weights, verdict_loss
 
 
 def test_verdict_losses_by_hand():
@@ -131,7 +131,7 @@ def _accuracy(model_path: str, adapter: str | None, scored: list[Scored]) -> flo
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlany.verdict import RawVerdict, choice_logprobs, tokenize_verdicts
+    from rlany.training.verdict import RawVerdict, choice_logprobs, tokenize_verdicts
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -191,7 +191,7 @@ def test_verdict_objective_refuses_reasoning_and_old_records(tiny_model, tmp_pat
 
 
 def test_auto_objective_is_expected_for_bare_verdicts_and_pg_for_reasoning(tmp_path):
-    from rlany.train_stage import _auto_objective
+    from rlany.stages.train_rm import _auto_objective
 
     toy = _toy(4)
     bare = write_jsonl(tmp_path / "bare.jsonl", toy)

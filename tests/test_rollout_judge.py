@@ -13,10 +13,10 @@ from rlany.engines import Sampling
 from rlany.engines.fake import FakeEngine
 from rlany.envs import StepResult
 from rlany.envs.reasoning import extract_answer, make_tasks
-from rlany.judge import JudgeOptions, judge
 from rlany.prompts import parse_verdict
 from rlany.records import Task
-from rlany.rollout import RolloutOptions, rollout
+from rlany.stages.judge import JudgeOptions, judge
+from rlany.stages.rollout import RolloutOptions, rollout
 
 
 class ThreeTurns:
@@ -86,7 +86,7 @@ def test_rollout_is_deterministic_with_seeded_fake_engine():
 
 
 def test_judge_last_step_only_judges_the_labelled_step():
-    from rlany.evaluate import judge_metrics
+    from rlany.stages.eval import judge_metrics
 
     trajs = [t for g in rollout(three_tasks(2), FakeEngine.from_rules([{"responses": ["go"]}]),
                                 lambda name: ThreeTurns(), RolloutOptions(n=2, max_steps=3))
@@ -103,7 +103,7 @@ def test_judge_last_step_only_judges_the_labelled_step():
 
 def test_sample_tasks_draws_k_of_the_pool_per_iteration_and_keeps_candidates():
     from rlany.envs.household import make_tasks
-    from rlany.rollout import sample_tasks
+    from rlany.stages.rollout import sample_tasks
 
     tasks = make_tasks(10, seed=1)
     tasks[7] = replace(tasks[7], extra={"candidate": {"parent_id": tasks[0].task_id}})
@@ -120,7 +120,7 @@ def test_sample_tasks_draws_k_of_the_pool_per_iteration_and_keeps_candidates():
 
 
 def test_history_turns_zero_keeps_the_task_and_the_newest_observation():
-    from rlany.rollout import _window
+    from rlany.stages.rollout import _window
 
     msgs = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "a1"},
             {"role": "user", "content": "o1"}, {"role": "assistant", "content": "a2"},
@@ -134,7 +134,7 @@ def test_judge_step_accuracy_is_balanced_over_env_labels():
     """Household labels each step; a judge that always says +1 scores 0.5 (balanced), one
     that reads the label scores 1.0, one that inverts it 0.0."""
     from rlany.envs.household import expert_actions, make_tasks
-    from rlany.evaluate import judge_metrics
+    from rlany.stages.eval import judge_metrics
 
     tasks = make_tasks(4, seed=1)
     plans = {t.task_id: expert_actions(t.spec) for t in tasks}
@@ -309,7 +309,7 @@ def test_cli_rollout_and_judge_read_stdin(tmp_path, cli):
 
 
 def test_gain_interval_matches_newcombes_examples():
-    from rlany.evaluate import gain_interval
+    from rlany.stages.eval import gain_interval
 
     # Newcombe (1998), Statistics in Medicine 17:873, Table II, method 10
     assert gain_interval(56, 70, 48, 80) == pytest.approx([0.0524, 0.3339], abs=1e-4)
@@ -318,7 +318,7 @@ def test_gain_interval_matches_newcombes_examples():
 
 
 def test_wilson_interval_matches_known_values():
-    from rlany.evaluate import wilson_interval
+    from rlany.stages.eval import wilson_interval
 
     assert wilson_interval(0, 0) is None
     lo, hi = wilson_interval(6, 32)          # the demo's base: 0.188
@@ -332,7 +332,7 @@ def test_select_used_judges_only_the_tasks_score_can_train_on(tmp_path):
     """--select used: a task whose rollouts all succeed or all fail, or a pending
     candidate, gets unjudged records (no engine call); score gives them no step scores
     and no reward-model samples, and reads the judged tasks as before."""
-    from rlany.score import ScoreOptions, score_stream
+    from rlany.stages.score import ScoreOptions, score_stream
 
     tasks = three_tasks(3)
     tasks[1] = replace(tasks[1], prompt="Say go (easy).")
@@ -373,9 +373,9 @@ def test_judge_stage_reports_its_accuracy_against_the_env_step_labels(tmp_path):
     scores 0.5, one that is right on every detour more)."""
     from rlany.envs.household import expert_actions
     from rlany.envs.household import make_tasks as household_tasks
-    from rlany.evaluate import judge_metrics
-    from rlany.judge import run as judge_run
     from rlany.records import Judgment, Trajectory, from_json
+    from rlany.stages.eval import judge_metrics
+    from rlany.stages.judge import run as judge_run
 
     tasks = household_tasks(3, seed=2)
     plans = {t.prompt[:60]: expert_actions(t.spec) for t in tasks}

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import make_judgment, make_traj, read_jsonl, write_jsonl
 from rlany.errors import RlanyError
-from rlany.score import ScoreOptions, score_group, score_stream, standardize
+from rlany.stages.score import ScoreOptions, score_group, score_stream, standardize
 
 
 def located(records):
@@ -305,8 +305,8 @@ def test_step_scores_label_puts_the_env_labels_in_place_of_the_judge():
 
 
 def test_the_loop_skips_the_judge_when_nothing_reads_its_verdicts():
-    from rlany.loop import _judged
-    from rlany.loop_config import LoopConfig
+    from rlany.stages.loop import _judged
+    from rlany.stages.loop_config import LoopConfig
 
     labels = {"score": {"step_scores": "label"}}
     assert not _judged(LoopConfig(name="u", tasks="t", rm_training=False,

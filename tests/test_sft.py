@@ -13,8 +13,8 @@ import torch
 from conftest import make_traj, read_jsonl, write_jsonl
 from rlany.envs.household import HouseholdEnv
 from rlany.errors import RlanyError
-from rlany.losses import nll_loss
 from rlany.records import Task
+from rlany.training.losses import nll_loss
 
 LEARN = "examples/household/learn_tasks.jsonl"
 
@@ -122,7 +122,7 @@ def test_loop_starts_from_init_policy(tmp_path, tiny_model, tiny_lora):
 
 
 def test_a_run_from_before_init_policy_still_resumes(tmp_path, tiny_model):
-    from rlany.loop import Loop, load_config
+    from rlany.stages.loop import Loop, load_config
     from test_loop import _config
 
     config = _config(tmp_path, tiny_model)
@@ -139,7 +139,7 @@ def test_a_run_from_before_init_policy_still_resumes(tmp_path, tiny_model):
 
 
 def test_vllm_serves_the_warm_start_adapters_rank(tmp_path, tiny_model, tiny_lora):
-    from rlany.loop import load_config
+    from rlany.stages.loop import load_config
     from test_loop import _config
 
     config = _config(tmp_path, tiny_model)   # trains rank 4; tiny_lora has rank 8
@@ -170,7 +170,7 @@ def write_lines(path, src, n, skip=0):
 
 def _run_warm(config, **kw):
     from rlany.engines.fake import FakeEngine
-    from rlany.loop import Loop, load_config
+    from rlany.stages.loop import Loop, load_config
 
     loop = Loop(load_config(config, kw), config)
     loop._engine = FakeEngine.from_rules([{"responses": ["1", "2", "3", "4", "5"]}])

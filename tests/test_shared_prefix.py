@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlany.shared_prefix import common_prefix, pack_rows, shared_logprobs
-from rlany.train import Sample, collate, response_logprobs
+from rlany.training.samples import Sample
+from rlany.training.trainer import collate, response_logprobs
 
 
 def _samples(seed: int, common: int) -> list[Sample]:
@@ -97,9 +98,9 @@ def test_packing_shares_what_it_can():
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_verdict_choices_equal_to_the_plain_batch(tiny_model, attn):
-    """The judge's verdict objectives (`rlany.verdict.choice_logprobs`): the choice
+    """The judge's verdict objectives (`rlany.training.verdict.choice_logprobs`): the choice
     log-probs at each prompt's last position, and their gradients, shared or not."""
-    from rlany.verdict import choice_logprobs
+    from rlany.training.verdict import choice_logprobs
     model = _model(tiny_model, attn)
     prompts = [s.prompt_ids + s.response_ids for s in _samples(2, 16)]
     weights = torch.linspace(-1, 1, len(prompts))[:, None]
@@ -121,7 +122,9 @@ def test_train_policy_same_losses_and_weights(tiny_model, tmp_path):
     optimizer step and the same trained LoRA weights."""
     from safetensors.torch import load_file
 
-    from rlany.train import TrainOptions, load_model, train
+    from rlany.stages.train_policy import TrainOptions
+    from rlany.training.model import load_model
+    from rlany.training.trainer import train
     samples = _samples(3, 24)
     out = {}
     for share in (True, False):

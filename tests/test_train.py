@@ -10,9 +10,12 @@ import torch
 
 from conftest import make_judgment, make_traj, write_jsonl
 from rlany.errors import RlanyError
-from rlany.losses import ppo_clip_loss, token_logprobs
-from rlany.score import ScoreOptions, score_group
-from rlany.train import Sample, TrainOptions, load_model, plan_steps, tokenize, train
+from rlany.stages.score import ScoreOptions, score_group
+from rlany.stages.train_policy import TrainOptions
+from rlany.training.losses import ppo_clip_loss, token_logprobs
+from rlany.training.model import load_model
+from rlany.training.samples import Sample, tokenize
+from rlany.training.trainer import plan_steps, train
 
 
 def test_ppo_clip_loss_by_hand():
@@ -59,7 +62,7 @@ def test_token_logprobs_matches_log_softmax():
 
 def test_response_logprobs_keep_only_response_logits_equals_full(tiny_model):
     from rlany.compat import accepts_logits_to_keep
-    from rlany.train import collate, response_logprobs
+    from rlany.training.trainer import collate, response_logprobs
 
     model, tok = load_model(tiny_model, None, TrainOptions(output="unused"))
     raw = [([{"role": "user", "content": "a much longer prompt " * k}], "answer 42", 1.0, True)
@@ -312,7 +315,7 @@ def test_training_on_the_engines_network_equals_a_fresh_load(tiny_model, tiny_lo
 
     from rlany.engines import EngineConfig, Request, Sampling
     from rlany.engines.hf import HfEngine
-    from rlany.train_stage import run
+    from rlany.stages.train_policy import run
 
     trajs = [make_traj("q", i, +1 if i < 2 else -1, n_steps=2) for i in range(4)]
     scores = [[[1, -1, 1], [1, 1, -1]], [[1, 1, 1], [-1, 1, 1]],
@@ -332,8 +335,8 @@ def test_training_on_the_engines_network_equals_a_fresh_load(tiny_model, tiny_lo
     for name, adapter in (("fresh", None), ("continued", tiny_lora)):
         opts = TrainOptions(input=data, output="unused", model=tiny_model, dtype="float32",
                             lr=1e-2, micro_batch=2, adapter=adapter, seed=3)
-        run(replace(opts, output=str(tmp_path / f"{name}-disk")), "policy", say=lambda s: None)
-        run(replace(opts, output=str(tmp_path / f"{name}-engine")), "policy",
+        run(replace(opts, output=str(tmp_path / f"{name}-disk")), say=lambda s: None)
+        run(replace(opts, output=str(tmp_path / f"{name}-engine")),
             say=lambda s: None, engine=eng)
         got = load_file(tmp_path / f"{name}-engine" / "adapter_model.safetensors")
         want = load_file(tmp_path / f"{name}-disk" / "adapter_model.safetensors")
@@ -361,7 +364,9 @@ def test_lora_on_the_top_layers_only(tiny_model, tmp_path):
     them (the backward stops above the lower layers)."""
     from safetensors.torch import load_file
 
-    from rlany.train import TrainOptions, load_model, train
+    from rlany.stages.train_policy import TrainOptions
+    from rlany.training.model import load_model
+    from rlany.training.trainer import train
     from test_shared_prefix import _samples
     opts = TrainOptions(output="x", micro_batch=4, grad_accum=1, max_steps=2, lr=1e-2,
                         target_modules="q_proj,v_proj", lora_layers=1, dtype="float32")

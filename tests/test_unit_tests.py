@@ -7,11 +7,11 @@ import pytest
 from conftest import read_jsonl
 from rlany.engines.fake import FakeEngine
 from rlany.envs.coding import CodingEnv, make_tasks
-from rlany.judge import JudgeOptions, judge, unit_test_counts
 from rlany.prompts import parse_unit_test
-from rlany.rollout import RolloutOptions, rollout
-from rlany.score import ScoreOptions, score_stream
-from rlany.train import rm_samples
+from rlany.stages.judge import JudgeOptions, judge, unit_test_counts
+from rlany.stages.rollout import RolloutOptions, rollout
+from rlany.stages.score import ScoreOptions, score_stream
+from rlany.training.samples import rm_samples
 
 
 def fence(text: str) -> str:

@@ -13,13 +13,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
 
 from rlany.console import console, info
+from rlany.envs.make import MAX_TASKS, SPLITS, excluding, parse_knobs, spec_key
 from rlany.errors import RlanyError, UsageError
+from rlany.options import command
+from rlany.stages import COMMANDS
 
 app = typer.Typer(
     help="rlany: RLAnything as Unix stages. A policy, a generative reward model and the "
@@ -42,87 +45,9 @@ def _example(*lines: str) -> str:
 # ---------------------------------------------------------------------------------------
 # the stages: one options class each (its fields are the flags), one driver `run(opts)`
 
-def _stage(name: str, module: str, cls: str, doc: str, *examples: str, **run_kw) -> None:
-    import importlib
-
-    from rlany.options import command
-
-    mod = importlib.import_module(f"rlany.{module}")
-    command(app, name, getattr(mod, cls), lambda opts: mod.run(opts, **run_kw), doc, examples)
-
-
-_stage("rollout", "rollout", "RolloutOptions",
-       "Roll out the policy: n episodes per task, multi-turn, all live episodes stepped in "
-       "one batched generate call per turn. Writes the n trajectories of each task together.",
-       "rlany envs make-tasks reasoning --n 16 --seed 0 -o tasks.jsonl",
-       "rlany rollout -i tasks.jsonl -o trajectories.jsonl --model smollm2 --n 8",
-       "rlany rollout -i tasks.jsonl -o - --n 4 | rlany judge -i - -o - | rlany score -i - "
-       "-o scored.jsonl",
-       "rlany rollout -i examples/household/tasks.jsonl -o traj.jsonl --max-steps 8 "
-       "--constrain-actions",
-       "rlany rollout -i examples/household/learn_tasks.jsonl -o demos.jsonl --expert --n 1 "
-       "--max-steps 4 --history-turns 1")
-_stage("judge", "judge", "JudgeOptions",
-       "Judge every step with a generative reward model: m samples per step (sharing the "
-       "prompt), each reasoning then giving +1 or -1 (decoded constrained by default, so "
-       "every verdict is readable). With --mode unit-tests (coding) the reward model writes "
-       "m tests per task instead, and each program's verdicts are whether it passes them.",
-       "rlany judge -i trajectories.jsonl -o judgments.jsonl --model smollm2 --m 3",
-       "rlany judge -i trajectories.jsonl -o judgments.jsonl --model smollm2 --m 4 "
-       "--max-tokens 0 --select used --obs-lines 1",
-       "rlany judge -i code_traj.jsonl -o judgments.jsonl --mode unit-tests --m 4",
-       "rlany judge -i traj.jsonl -o judgments.jsonl --engine openai --base-url "
-       "http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct")
-_stage("score", "score", "ScoreOptions",
-       "Integrated step rewards and advantages for the policy, consistency rewards for the "
-       "reward model, and per-task accuracy. Streams one task group at a time.",
-       "rlany score -i trajectories.jsonl -j judgments.jsonl -o scored.jsonl",
-       "rlany score -i trajectories.jsonl --lam 0 -o scored.jsonl --stats stats.jsonl")
-_stage("train-policy", "train_stage", "TrainOptions",
-       "Update the policy with PPO-clip on the kept scored steps (prompt messages -> the "
-       "sampled response tokens, weighted by the step advantage). Writes a LoRA adapter that "
-       "`rollout --adapter` uses.",
-       "rlany train-policy -i scored.jsonl -o ckpt/policy-1 --model smollm2",
-       "rlany train-policy -i scored.jsonl -o ckpt/policy-2 --adapter ckpt/policy-1",
-       "accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml -m rlany "
-       "train-policy -i scored.jsonl -o ckpt/p --model Qwen/Qwen2.5-7B-Instruct",
-       kind="policy")
-_stage("train-rm", "train_stage", "TrainRmOptions",
-       "Update the generative reward model with consistency feedback (R = O + lambda * "
-       "mean(S) from `rlany score`). A judge of bare verdicts (judge --max-tokens 0) is "
-       "trained on each judged step's verdict token, its expected consistency reward "
-       "computed exactly (--objective expected, the default there); a reasoning judge on "
-       "each kept sample, PPO weighted by its consistency advantage (pg).",
-       "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2",
-       "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2 --objective logloss",
-       "rlany judge -i traj.jsonl -o judgments.jsonl --model smollm2 --adapter ckpt/rm-1",
-       kind="rm")
-_stage("sft", "train_stage", "SftOptions",
-       "Warm-start the policy: supervised fine-tuning (token negative log-likelihood) on the "
-       "steps of successful trajectories, e.g. the env's expert demonstrations from "
-       "`rollout --expert`. Writes a LoRA adapter that `rollout --adapter` and a loop's "
-       "`init_policy` use.",
-       "rlany rollout -i examples/household/learn_tasks.jsonl -o demos.jsonl --expert --n 1 "
-       "--max-steps 4 --history-turns 1",
-       "rlany sft -i demos.jsonl -o ckpt/sft --model smollm2",
-       "rlany loop examples/household/learn.toml --name warm --set init_policy=ckpt/sft",
-       "rlany loop examples/household/learn.toml --name warm2 --set warm_start=true",
-       kind="sft")
-_stage("adapt-tasks", "adapt", "AdaptOptions",
-       "Adapt the environment: accept rolled-out candidates that proved harder/easier, then "
-       "rewrite tasks the policy always (>= alpha-high) or never (<= alpha-low) solves, "
-       "guided by a summary of the reward model's critiques.",
-       "rlany adapt-tasks -i tasks.jsonl --stats task_stats.jsonl -j judgments.jsonl "
-       "-o next_tasks.jsonl --candidates candidates.jsonl --model smollm2",
-       "rlany adapt-tasks -i tasks.jsonl --pending candidates.jsonl --stats task_stats.jsonl "
-       "-j judgments.jsonl -o next_tasks.jsonl --candidates new_candidates.jsonl "
-       "--iteration 2")
-_stage("eval", "evaluate", "EvalOptions",
-       "Evaluate a policy (base or adapter) on held-out tasks: success rate, pass@k, mean "
-       "steps; with --judge, the judge's step accuracy against the env's step labels.",
-       "rlany eval -i examples/reasoning/eval.jsonl -o eval.json --model smollm2 --n 4 --k 1 "
-       "--k 4",
-       "rlany eval -i eval.jsonl -o - --adapter ckpt/policy-3 --judge-adapter ckpt/rm-3")
+for _stage in COMMANDS:
+    command(app, _stage.name, _stage.options, _stage.run, _stage.help, _stage.examples)
+del _stage
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,17 +82,16 @@ def loop_cmd(
     """Run the closed loop: rollout -> judge -> score -> train-policy -> train-rm ->
     adapt-tasks (+ eval), one directory per iteration under runs/NAME/. Rerunning the same
     command after a kill skips finished stages and resumes the interrupted one."""
-    from rlany.loop import Loop, StageDone, load_config
+    from rlany.stages.loop import Loop, load_config
 
     overrides = {k: v for k, v in {"name": name, "iterations": iterations, "seed": seed,
                                    "runs_dir": runs_dir, "step_feedback": step_feedback,
                                    "rm_training": rm_training,
                                    "env_adaptation": env_adaptation}.items() if v is not None}
     cfg = load_config(config, overrides, sets=set_ or [])
-    try:
-        Loop(cfg, config, one_stage=one_stage).run()
-    except StageDone as done:
-        info(f"loop: stopped after {done} (--one-stage); rerun for the next stage")
+    ran = Loop(cfg, config, one_stage=one_stage).run()
+    if ran:
+        info(f"loop: stopped after {ran} (--one-stage); rerun for the next stage")
 
 
 @app.command("report", epilog=_example("rlany report runs/demo",
@@ -180,7 +104,7 @@ def report_cmd(
     """Plots (PNG) of what the runs measured, with 95% intervals, and a markdown table of one
     run or of several side by side (the seeds of one arm, runs named ARM-sSEED, drawn as one
     line with a band)."""
-    from rlany.report import write_report
+    from rlany.stages.report import write_report
 
     if output is None:
         if len(runs) > 1:
@@ -252,73 +176,6 @@ def envs_show(name: Annotated[str, typer.Argument(help="Environment name.")]) ->
     print(inspect.getdoc(inspect.getmodule(f)) or inspect.getdoc(f) or name)
 
 
-MAX_TASKS = 100_000  # a pool is read whole by every stage; more is a mistake, not a pool
-SPLITS = ("train", "eval")
-
-
-def _excluding(make, banned: set[str], n: int, kwargs: dict) -> list:
-    """The first n generated tasks whose spec is not in `banned`. A generator is sequential
-    per seed (its first k tasks do not depend on how many it makes), so drawing more keeps
-    the same prefix: doubled until n remain or 64 x n (at most 4 x MAX_TASKS) were drawn."""
-    drawn = n
-    while True:
-        kept = [t for t in make(n=drawn, **kwargs) if _spec_key(t) not in banned]
-        if len(kept) >= n or drawn >= min(64 * n, 4 * MAX_TASKS):
-            break
-        drawn = min(drawn * 2, 64 * n, 4 * MAX_TASKS)
-    if len(kept) < n:
-        raise RlanyError(f"only {len(kept)} of {drawn} generated tasks are not in --exclude",
-                         hint="ask for fewer tasks (--n) or change the knobs")
-    return kept[:n]
-
-
-def _spec_key(task) -> str:
-    import json as _json
-
-    return _json.dumps(task.spec, sort_keys=True)
-
-
-def _knobs(items: list[str], params: dict, name: str) -> dict:
-    """`--knob key=value` items -> keyword arguments of the env's generator: each key known
-    and given once, each value of its default's type (JSON for numbers and booleans, the
-    raw text for a string knob). Every mistake is a usage error naming the knob."""
-    import inspect
-    import json as _json
-
-    known = [k for k in params if k not in ("n", "seed", "split")]
-    knobs: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--knob must be key=value, got '{item}'")
-        if key not in known:
-            raise UsageError(f"--knob {key}: unknown knob for '{name}'",
-                             hint=f"known: {', '.join(known)}")
-        if key in knobs:
-            raise UsageError(f"--knob {key} is given twice; give each knob once")
-        default = params[key].default
-        try:
-            value = _json.loads(text)
-        except ValueError:
-            value = text
-        if isinstance(default, str) or default is None:
-            value = text  # a string knob takes the text as written ("10" stays "10")
-        elif isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise UsageError(f"--knob {key} must be true or false, got '{text}'")
-        elif isinstance(default, int):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise UsageError(f"--knob {key} must be an integer, got '{text}'")
-        elif isinstance(default, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UsageError(f"--knob {key} must be a number, got '{text}'")
-            value = float(value)
-        elif default is not inspect.Parameter.empty and not isinstance(value, type(default)):
-            raise UsageError(f"--knob {key} must be like {default!r}, got '{text}'")
-        knobs[key] = value
-    return knobs
-
-
 @envs_app.command("make-tasks", epilog=_example(
     "rlany envs make-tasks reasoning --n 32 --seed 0 -o tasks.jsonl",
     "rlany envs make-tasks reasoning --n 8 --seed 1 --knob digits=2 --split eval -o eval.jsonl",
@@ -359,7 +216,7 @@ def envs_make_tasks(
     make = getattr(module, "make_tasks", None)
     if make is None:
         raise RlanyError(f"environment '{name}' has no task generator")
-    knobs = _knobs(knob or [], dict(inspect.signature(make).parameters), name)
+    knobs = parse_knobs(knob or [], dict(inspect.signature(make).parameters), name)
     paths = prepare_paths({"--exclude": exclude}, {"--output": output})
     inputs = []
     kwargs = dict(seed=seed, split=split, **knobs)
@@ -367,7 +224,7 @@ def envs_make_tasks(
         if exclude:
             excluded, reader = read_tasks(paths["--exclude"], name=exclude)
             inputs.append(reader)
-            tasks = _excluding(make, {_spec_key(t) for t in excluded}, n, kwargs)
+            tasks = excluding(make, {spec_key(t) for t in excluded}, n, kwargs)
         else:
             tasks = make(n=n, **kwargs)
     except RlanyError as e:  # the generator refused its knobs: the command line's fault

@@ -29,3 +29,9 @@ class UsageError(RlanyError):
     """A bad flag value or combination on the command line: one line, exit code 2."""
 
     exit_code = 2
+
+
+class NoSamples(RlanyError):
+    """A trainer found nothing to learn from (every advantage zero, no trajectory succeeded,
+    every sample too long). The command exits 1 with this line; the loop records the stage
+    as skipped and the model stays as it was."""

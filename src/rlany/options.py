@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Optional
 
+from rlany.engines import ENGINES
 from rlany.errors import RlanyError, UsageError
 
 SCOPES = ("stage", "run", "io")
@@ -78,7 +79,7 @@ class EngineFields:
                      "script file, or a directory holding fake_script.json.", scope="run")
     engine: str = opt("auto", "auto (vllm on a GPU, hf on a CPU: measured faster there, see "
                       "benchmarks/README.md), vllm, hf, openai (a server), fake (tests).",
-                      scope="run", choices=("auto", "vllm", "hf", "openai", "fake"))
+                      scope="run", choices=ENGINES)
     adapter: str | None = opt(None, "A PEFT LoRA adapter directory to generate with.",
                               scope="io")
     seed: int = opt(0, "Base seed: sampling seeds derive from it.", scope="run", min=0)

@@ -129,7 +129,14 @@ def generate_verdicts(engine: Engine, requests: Sequence[Request],
     """
     from dataclasses import replace
 
-    from rlany.engines import Completion, Request, Sampling, stable_seed
+    from rlany.engines import (
+        Completion,
+        Decodes,
+        Request,
+        Sampling,
+        real_token_ids,
+        stable_seed,
+    )
 
     if mode == "free":
         return engine.generate(requests)
@@ -142,7 +149,7 @@ def generate_verdicts(engine: Engine, requests: Sequence[Request],
             for r in requests])
     first = engine.generate([replace(r, sampling=replace(
         r.sampling, stop=(*r.sampling.stop, VERDICT_STOP))) for r in requests])
-    exact = getattr(engine, "real_token_ids", True) and hasattr(engine, "decode")
+    exact = real_token_ids(engine) and isinstance(engine, Decodes)
     pending = []
     for i, result in enumerate(first):
         for k, c in enumerate(result.completions):

@@ -150,6 +150,9 @@ class StepJudgment:
         _require(self.step >= 0, f"field 'step' must be >= 0, got {self.step}")
 
 
+MODES = ("steps", "unit-tests")  # what a judgment holds (Judgment.mode)
+
+
 @dataclass(frozen=True)
 class Judgment:
     traj_id: str

@@ -289,8 +289,9 @@ def start_engine(opts: Any):
 
 def adapter_checks(engine: Any) -> dict:
     """The sidecar's record of the adapter probes the engine ran (rlany.probe), if any."""
-    probes = getattr(engine, "probes", None)
-    checks = probes.checks if probes is not None else None
+    from rlany.engines import ProbesAdapters
+
+    checks = engine.probes.checks if isinstance(engine, ProbesAdapters) else None
     return {"adapter_checks": list(checks)} if checks else {}
 
 
@@ -300,9 +301,10 @@ def engine_flags(opts: Any, engine: Any) -> dict:
 
     flags = asdict(opts)
     flags["model"] = engine.model
-    choice = getattr(engine, "choice", None)
-    if choice:
-        flags["engine_resolved"] = choice
+    from rlany.engines import Chosen
+
+    if isinstance(engine, Chosen) and engine.choice:
+        flags["engine_resolved"] = engine.choice
     return flags
 
 

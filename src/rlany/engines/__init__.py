@@ -28,9 +28,9 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
-ENGINES = ("auto", "vllm", "openai", "hf", "fake")
+ENGINES = ("auto", "vllm", "hf", "openai", "fake")  # the --engine choices
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,38 @@ class Engine(Protocol):
     def generate(self, requests: Sequence[Request]) -> list[Result]: ...
 
     def close(self) -> None: ...
+
+
+# What an engine may do beyond the protocol; asked here, by these names, and nowhere else.
+
+@runtime_checkable
+class Decodes(Protocol):
+    """Turns token ids back into text (the judge continues a verdict from exact ids)."""
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@runtime_checkable
+class ProbesAdapters(Protocol):
+    """Checks each LoRA adapter it loads against the trainer's probe (`rlany.probe`)."""
+
+    probes: Any  # a rlany.probe.Verifier
+
+
+@runtime_checkable
+class Chosen(Protocol):
+    """Carries why it was picked (`--engine auto`), for the sidecar; stageio.start_engine
+    sets it on the engine it starts."""
+
+    choice: dict
+
+
+def real_token_ids(engine: Engine) -> bool:
+    """Whether the engine's token ids are the model's own, to record and train on. An engine
+    that cannot promise it says `real_token_ids` (False for the fake engine, whose ids count
+    words; the openai engine's, True once its server returned ids every time); every other
+    engine's ids are."""
+    return bool(getattr(engine, "real_token_ids", True))
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module, metadata
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rlany.errors import RlanyError
 from rlany.records import Task
@@ -105,8 +105,29 @@ class Environment(Protocol):
 
     def validate(self, spec: dict) -> list[str]: ...
 
-    # optional: def choices(self) -> list[str]
-    # optional: def edits(self, spec: dict, direction: str) -> list[Edit]
+
+# What an env may do beyond the protocol; a stage asks with isinstance(env, ListsActions) and
+# refuses the flag that needs it when the env cannot.
+
+@runtime_checkable
+class ListsActions(Protocol):
+    """Lists the admissible actions of the current state (`rollout --constrain-actions`)."""
+
+    def choices(self) -> list[str]: ...
+
+
+@runtime_checkable
+class OffersEdits(Protocol):
+    """Offers its own rewrites of a task (`adapt-tasks --rewrite edits`)."""
+
+    def edits(self, spec: dict, direction: str) -> list[Edit]: ...
+
+
+@runtime_checkable
+class HasExpert(Protocol):
+    """Knows a good next action in the current state (`rollout --expert`); None: no plan."""
+
+    def expert_action(self) -> str | None: ...
 
 
 # name -> "module:attribute" of a class/factory taking no arguments
@@ -181,8 +202,7 @@ def offered_edits(env: Environment, spec: dict, direction: str) -> list[Edit]:
     """The env's edits of `spec` in `direction` ("harder" | "easier"); [] if it has none."""
     if direction not in DIRECTIONS:
         raise RlanyError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
-    method = getattr(env, "edits", None)
-    return list(method(spec, direction)) if callable(method) else []
+    return list(env.edits(spec, direction)) if isinstance(env, OffersEdits) else []
 
 
 def parse_action(response: str, admissible: list[str]) -> tuple[str | None, dict]:

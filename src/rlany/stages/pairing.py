@@ -8,8 +8,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 
 from rlany.errors import RlanyError
-from rlany.judge import MODES
-from rlany.records import Judgment, Trajectory, responses_digest
+from rlany.records import MODES, Judgment, Trajectory, responses_digest
 
 
 def paired(trajectories: Iterable[tuple[str, Trajectory]],

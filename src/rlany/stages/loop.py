@@ -40,31 +40,31 @@ import dataclasses
 import json
 import shlex
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlany.console import info
-from rlany.errors import RlanyError
+from rlany.errors import NoSamples, RlanyError
 from rlany.jsonl import meta_path
-from rlany.loop_config import LoopConfig, _tables, load_config
+from rlany.stages import BY_TABLE
+from rlany.stages.loop_config import LoopConfig, load_config
 
-__all__ = ["Loop", "LoopConfig", "StageDone", "load_config"]
-
-class StageDone(Exception):
-    """Raised after one stage ran when the loop was asked for a single stage."""
+__all__ = ["Loop", "LoopConfig", "load_config"]
 
 
 @dataclass(frozen=True)
 class Stage:
-    table: str  # config table = options class (see _tables)
+    table: str  # config table = the command's options class (rlany.stages.BY_TABLE)
     done: Callable[[Any], Path]  # the file whose presence marks the stage complete
     io: Callable[[Loop, Path, int], dict]  # the paths and adapters the loop sets
     enabled: Callable[[LoopConfig], bool] = lambda cfg: True
-    engine: bool = True  # needs the generation engine
+    engine: bool = True  # a generating command gets the engine (False: it needs none here)
     # values that win over the config's table (the table's own values win over `io`)
     forced: Callable[[Loop], dict] = lambda lp: {}
+    # a trainer with nothing to learn from (NoSamples) is skipped: the model stays as it was
+    may_skip: bool = False
 
 
 def _judged(cfg: LoopConfig) -> bool:
@@ -98,13 +98,13 @@ STAGES = (
     Stage("score", lambda o: meta_path(o.stats), lambda lp, d, it: dict(
         input=f"{d}/trajectories.jsonl", output=f"{d}/scored.jsonl",
         stats=f"{d}/task_stats.jsonl",
-        judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None), engine=False),
+        judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None)),
     Stage("train_policy", _ckpt, lambda lp, d, it: dict(
         input=f"{d}/scored.jsonl", output=f"{d}/policy", adapter=lp.latest("policy", it),
-        iteration=it), engine=False),
+        iteration=it), may_skip=True),
     Stage("train_rm", _ckpt, lambda lp, d, it: dict(
         input=f"{d}/scored.jsonl", output=f"{d}/rm", adapter=lp.latest("rm", it),
-        iteration=it), enabled=lambda cfg: cfg.rm_training, engine=False),
+        iteration=it), enabled=lambda cfg: cfg.rm_training, may_skip=True),
     Stage("adapt_tasks", _meta, lambda lp, d, it: dict(
         input=f"{d}/tasks.jsonl", stats=f"{d}/task_stats.jsonl",
         judgments=f"{d}/judgments.jsonl", pending=_pending(lp, it),
@@ -115,7 +115,7 @@ STAGES = (
 
 
 def _warm_shape(lp: Loop) -> dict:
-    from rlany.loop_config import WARM_SHAPE
+    from rlany.stages.loop_config import WARM_SHAPE
 
     policy = lp.cfg.options("train_policy", input="-", output="-")
     return {k: getattr(policy, k) for k in WARM_SHAPE}
@@ -127,8 +127,7 @@ WARM_START = (  # runs/NAME/warm_start/, before the base evaluation
         engine=False,  # every pool task once, by the env's expert (no model)
         forced=lambda lp: dict(expert=True, n=1, sample_tasks=None, constrain_actions=False)),
     Stage("sft", _ckpt, lambda lp, d, it: dict(
-        input=f"{d}/demos.jsonl", output=f"{d}/sft", adapter=None), engine=False,
-        forced=_warm_shape),
+        input=f"{d}/demos.jsonl", output=f"{d}/sft", adapter=None), forced=_warm_shape),
 )
 EVAL = Stage("eval", _meta, lambda lp, d, it: dict(
     input=lp.cfg.eval_tasks, output=f"{d}/eval.json", adapter=lp.latest("policy", it + 1),
@@ -137,7 +136,7 @@ EVAL = Stage("eval", _meta, lambda lp, d, it: dict(
 
 class Loop:
     """Runs the iterations of one config; every stage checks its own completion first.
-    With `one_stage`, it runs the next incomplete stage and stops (StageDone)."""
+    With `one_stage`, it runs the next incomplete stage and returns its command."""
 
     def __init__(self, cfg: LoopConfig, config_path: str, one_stage: bool = False):
         self.one_stage = one_stage
@@ -155,9 +154,10 @@ class Loop:
             self._engine = start_engine(self.cfg.options("rollout", input="-"))
         return self._engine
 
-    def run(self) -> None:
+    def run(self) -> str | None:
         """The whole run, holding the run directory's lock (a second `rlany loop` on the
-        same run directory is refused, not interleaved)."""
+        same run directory is refused, not interleaved). With `one_stage`, the command of
+        the one stage it ran (None: every stage was complete)."""
         from rlany.stageio import output_lock
 
         if self.dir.exists() and not self.dir.is_dir():
@@ -165,25 +165,35 @@ class Loop:
         self.dir.mkdir(parents=True, exist_ok=True)
         with output_lock(self.dir / "loop", busy="another `rlany loop` is running in this "
                          "run directory; wait for it or stop it"):
-            self._run()
+            return self._run()
 
-    def _run(self) -> None:
+    def _run(self) -> str | None:
         self._init_run_dir()  # the config (paths included) was checked when it was loaded
+        for stage, d, it, io in self._stages():
+            ran = self.stage(stage, d, it, **io)
+            if ran and self.one_stage:
+                return ran
+        self._write_metrics()
+        info(f"loop: {self.cfg.iterations} iterations complete in {self.dir}")
+        return None
+
+    def _stages(self) -> Iterator[tuple[Stage, Path, int, dict]]:
+        """Every stage of the run in order, (stage, directory, iteration, paths the call
+        sets), with the bookkeeping between them (an iteration's pool before its stages,
+        its metrics after them); a caller that stops early leaves the rest undone."""
         if self.cfg.warm_start:  # first: an env without an expert fails before anything
             warm = self.dir / "warm_start"
             warm.mkdir(exist_ok=True)
             for stage in WARM_START:
-                self.stage(stage, warm, 0)
+                yield stage, warm, 0, {}
         if self.cfg.eval_tasks:
-            self.stage(EVAL, self.dir, -1, output=str(self.dir / "eval_base.json"),
-                       adapter=None, judge_adapter=None)
+            yield EVAL, self.dir, -1, dict(output=str(self.dir / "eval_base.json"),
+                                           adapter=None, judge_adapter=None)
             if self.init_policy:  # the warm start before any RL
-                self.stage(EVAL, self.dir, -1, output=str(self.dir / "eval_init.json"),
-                           adapter=self.init_policy, judge_adapter=None)
+                yield EVAL, self.dir, -1, dict(output=str(self.dir / "eval_init.json"),
+                                               adapter=self.init_policy, judge_adapter=None)
         for it in range(self.cfg.iterations):
-            self.iteration(it)
-        self._write_metrics()
-        info(f"loop: {self.cfg.iterations} iterations complete in {self.dir}")
+            yield from self.iteration(it)
 
     def _init_run_dir(self) -> None:
         from rlany.jsonl import write_text_atomic
@@ -204,7 +214,8 @@ class Loop:
                                  where=str(echo), hint="use a new name, or restore the config")
         write_text_atomic(echo, resolved)
 
-    def iteration(self, it: int) -> None:
+    def iteration(self, it: int) -> Iterator[tuple[Stage, Path, int, dict]]:
+        """The stages of iteration `it` (none when its done.json exists)."""
         d = self.dir / f"iter_{it:03d}"
         if (d / "done.json").exists():
             info(f"loop: iteration {it} already complete")
@@ -213,44 +224,41 @@ class Loop:
         self._pool(it, d)
         for stage in STAGES:
             if stage.enabled(self.cfg):
-                self.stage(stage, d, it)
+                yield stage, d, it, {}
         if not self.cfg.env_adaptation and not (d / "next_tasks.jsonl").exists():
             self._copy(d / "tasks.jsonl", d / "next_tasks.jsonl")
         last = it == self.cfg.iterations - 1
         if self.cfg.eval_tasks and ((it + 1) % self.cfg.eval_every == 0 or last):
-            self.stage(EVAL, d, it)
+            yield EVAL, d, it, {}
         self._finish_iteration(d, it)
 
-    def stage(self, stage: Stage, d: Path, it: int, **io: Any) -> None:
-        """Run one stage unless complete: print its command, then run exactly that."""
-        import importlib
-
+    def stage(self, stage: Stage, d: Path, it: int, **io: Any) -> str | None:
+        """Run one stage unless complete: print its command, then run exactly that.
+        Returns the command it ran (None: the stage was complete)."""
         from rlany.options import to_argv
 
-        command, _, module = _tables()[stage.table]
+        command = BY_TABLE[stage.table]
         opts = self.cfg.options(stage.table, **{**stage.io(self, d, it), **io})
         opts = dataclasses.replace(opts, **stage.forced(self))
         skipped = d / f"{stage.table}.skipped.json"
         if stage.done(opts).exists() or skipped.exists():
-            info(f"loop: skip {command}: {opts.output} is complete")
-            return
-        info("loop: $ " + shlex.join(to_argv(command, opts)))
-        run = importlib.import_module(f"rlany.{module}").run
-        kw: dict[str, Any] = {"engine": self.engine()} if stage.engine else {}
-        if module == "train_stage":  # train-policy, train-rm, sft
-            # one model in memory: the trainer borrows the engine's network where it can
-            kw.update(kind=stage.table.removeprefix("train_"), engine=self._engine)
+            info(f"loop: skip {command.name}: {opts.output} is complete")
+            return None
+        info("loop: $ " + shlex.join(to_argv(command.name, opts)))
+        kw: dict[str, Any] = {}
+        if command.engine == "generates" and stage.engine:
+            kw["engine"] = self.engine()
+        elif command.engine == "borrows":  # one model in memory: the engine's network
+            kw["engine"] = self._engine
         try:
-            run(opts, **kw)
-        except RlanyError as e:
-            if not (stage.table.startswith("train_") and
-                    e.message.startswith("no training samples")):
+            command.run(opts, **kw)
+        except NoSamples as e:  # nothing to learn from this iteration: an answer
+            if not stage.may_skip:
                 raise
             from rlany.jsonl import write_text_atomic
-            info(f"loop: {command} skipped: {e.message}; the model stays as it was")
+            info(f"loop: {command.name} skipped: {e.message}; the model stays as it was")
             write_text_atomic(skipped, json.dumps({"reason": e.message}) + "\n")
-        if self.one_stage:
-            raise StageDone(command)
+        return command.name
 
     def _pool(self, it: int, d: Path) -> None:
         """tasks.jsonl (a copy: no pool is overwritten in place) and rollout_tasks.jsonl
@@ -323,7 +331,7 @@ class Loop:
 
     def _finish_iteration(self, d: Path, it: int) -> None:
         from rlany.jsonl import write_text_atomic
-        from rlany.loop_metrics import collect_metrics
+        from rlany.stages.loop_metrics import collect_metrics
 
         metrics = {"iteration": it, **collect_metrics(d)}
         write_text_atomic(d / "done.json", json.dumps(metrics, indent=2) + "\n")

@@ -1,17 +1,10 @@
 """The one training loop behind `train-policy`, `train-rm` and `sft` (no Trainer subclass).
 
-A sample is (chat messages -> response tokens, advantage): for `train-policy` each kept
-scored step (prompt_messages -> response, the step's advantage), for `train-rm` each kept
-judge sample (judge_messages -> the judge's output, its consistency advantage), for `sft`
-each step of a successful trajectory (weight 1; `objective` "nll": the token mean negative
-log-likelihood, no pre-update policy). The prompt
-is rendered with the tokenizer's chat template (`rlany.chat.render`, as at generation); the
-response is the **sampled token ids** of the record (older records without ids fall back
-to tokenizing the text; both are counted). EOS closes a response only where generation
-ended (policy: not `truncated`; judge: finish_reason not "length") and the sampled ids do
-not already end with it. A sample longer than `max_len` is dropped whole.
+A sample (`rlany.training.samples`: prompt token ids -> response token ids, advantage) is
+trained with `objective` "ppo" (train-policy, train-rm's pg), "nll" (sft: the token mean
+negative log-likelihood, no pre-update policy) or a verdict objective (`rlany.training.verdict`).
 
-The update (DESIGN §4, `rlany.losses`): PPO's pre-update log-probs are the sampling
+The update (DESIGN §4, `rlany.training.losses`): PPO's pre-update log-probs are the sampling
 engine's own with `old_logprobs` "generation" (or "auto" when every sample has them: the
 caller vouches that the sampler was this model at this precision); else ("recompute") a
 no-grad pass, except for the first optimizer step's samples, which take theirs from that
@@ -38,105 +31,21 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 from rlany.errors import RlanyError
-from rlany.records import Scored, Trajectory
+from rlany.training.fields import OLD_LOGPROBS
+from rlany.training.samples import Sample
+from rlany.training.verdict import OBJECTIVES as VERDICT_OBJECTIVES
 
-# the options (flags, loop keys, defaults) are defined once, in rlany.train_stage
-from rlany.train_stage import TrainFields, TrainOptions  # noqa: E402
-from rlany.verdict import OBJECTIVES as VERDICT_OBJECTIVES
+if TYPE_CHECKING:  # the options (flags, loop keys, defaults) are defined once, there
+    from rlany.training.fields import PpoFields, TrainFields
 
-OLD_LOGPROBS = ("auto", "recompute", "generation")
 OBJECTIVES = ("ppo", "nll", *VERDICT_OBJECTIVES)
-
-
-@dataclass
-class Sample:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    advantage: float
-    old_logprobs: list[float] | None = None  # the engine's log-prob of each response id
-    from_ids: bool = False  # the response is the sampled ids (not a re-tokenized text)
-    # verdict objectives (`rlany.verdict`): no response; the prompt ends at the branch
-    target: float | None = None  # R_it, what the verdict must agree with
-    choice_ids: list[int] | None = None  # the choices' branch tokens
-    choice_values: list[float] | None = None  # their verdict scores
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
-
-class RawSample(NamedTuple):
-    messages: list[dict]
-    response: str
-    advantage: float
-    ended: bool  # generation ended (EOS or a stop): an EOS closes the response
-    token_ids: list[int] | None = None  # the sampled response ids, where recorded
-    logprobs: list[float] | None = None  # the engine's log-probs of token_ids
-
-
-def policy_samples(scored: Iterable[Scored]) -> Iterator[RawSample]:
-    for traj in scored:
-        for step in traj.steps:
-            if step.keep:
-                yield RawSample(step.prompt_messages, step.response, step.advantage,
-                                not step.truncated, step.token_ids, step.logprobs)
-
-
-def rm_samples(scored: Iterable[Scored]) -> Iterator[RawSample]:
-    """Judge samples; an output cut at max_tokens (finish_reason "length") gets no EOS.
-    Records from before finish_reason was kept (None) count as ended, as they were."""
-    for traj in scored:
-        for step in traj.steps:
-            for sample in step.judge:
-                if sample.keep and step.judge_messages:
-                    yield RawSample(step.judge_messages, sample.text, sample.advantage,
-                                    sample.finish_reason != "length", sample.token_ids)
-
-
-def sft_samples(trajectories: Iterable[Trajectory], all_outcomes: bool = False
-                ) -> Iterator[RawSample]:
-    """Warm-start samples: every step of each successful trajectory (every trajectory with
-    `all_outcomes`) with a prompt, weight 1; a step that raised in the env is skipped."""
-    for traj in trajectories:
-        if traj.outcome != 1 and not all_outcomes:
-            continue
-        for step in traj.steps:
-            # an empty response (the expert had no plan from there) would teach stopping
-            if step.prompt_messages and step.response and "error" not in step.info:
-                yield RawSample(step.prompt_messages, step.response, 1.0,
-                                step.finish_reason != "length", step.token_ids)
-
-
-def tokenize(tokenizer, raw: Iterable[RawSample | tuple], max_len: int
-             ) -> tuple[list[Sample], int]:
-    """Token ids for each sample; over-long samples are dropped whole. Returns (kept, dropped)."""
-    from rlany.chat import render
-
-    eos = tokenizer.eos_token_id
-    ends = set(tokenizer.all_special_ids)  # sampled ids that already close the response
-    kept, dropped = [], 0
-    for r in raw:
-        r = RawSample(*r)
-        prompt = render(tokenizer, r.messages)
-        if r.token_ids is not None:
-            resp = list(r.token_ids)
-            logprobs = list(r.logprobs) if r.logprobs and len(r.logprobs) == len(resp) else None
-        else:
-            resp, logprobs = tokenizer(r.response, add_special_tokens=False)["input_ids"], None
-        if r.ended and eos is not None and (not resp or resp[-1] not in ends):
-            resp, logprobs = resp + [eos], None  # no engine log-prob for an unsampled EOS
-        if not resp or len(prompt) + len(resp) > max_len:
-            dropped += 1
-            continue
-        kept.append(Sample(prompt, resp, r.advantage, logprobs, r.token_ids is not None))
-    return kept, dropped
 
 
 def plan_steps(samples: list[Sample], opts: TrainFields, world: int) -> list[list[int]]:
@@ -182,103 +91,20 @@ def collate(batch: list[Sample], pad_id: int):
     return ids, attn, resp, adv
 
 
-def lora_config(opts: TrainFields, model=None):
-    """The LoRA of `opts`; with `lora_layers` N, on the top N of `model`'s layers only."""
-    from peft import LoraConfig
-
-    targets = (opts.target_modules if opts.target_modules == "all-linear"
-               else [t.strip() for t in opts.target_modules.split(",") if t.strip()])
-    layers = None
-    if getattr(opts, "lora_layers", None):
-        total = model.config.num_hidden_layers
-        layers = list(range(max(0, total - opts.lora_layers), total))
-    return LoraConfig(r=opts.lora_r, lora_alpha=opts.lora_alpha, lora_dropout=opts.lora_dropout,
-                      target_modules=targets, task_type="CAUSAL_LM",
-                      layers_to_transform=layers)
-
-
-TRAINED = "default"  # the adapter being trained: PEFT saves "default" at the top level
-
-
-@contextmanager
-def borrowed_model(engine, adapter: str | None, opts: TrainFields):
-    """The hf engine's own network as the trainer's model: the base weights in memory are
-    shared, never copied or merged into. A trainable LoRA adapter (TRAINED: `adapter`'s
-    weights, or a fresh one seeded as `load_model` seeds it) is added beside the adapters
-    the engine serves, only its tensors train, and it is removed afterwards (the checkpoint
-    on disk is what the engine loads next). Yields (model, tokenizer)."""
-    import torch
-    from peft import PeftModel, get_peft_model
-
-    from rlany.compat import enable_cpu_masked_gqa
-    enable_cpu_masked_gqa()
-
-    net = engine.net
-    serving = isinstance(net, PeftModel)  # the engine already holds adapters
-    if not adapter:
-        torch.manual_seed(opts.seed)
-    if serving:
-        if adapter:
-            net.load_adapter(adapter, adapter_name=TRAINED, is_trainable=True)
-        else:
-            net.add_adapter(TRAINED, lora_config(opts, net))
-        net.set_adapter(TRAINED)
-        model = net
-    elif adapter:
-        model = PeftModel.from_pretrained(net, adapter, adapter_name=TRAINED, is_trainable=True)
-    else:
-        model = get_peft_model(net, lora_config(opts, net), adapter_name=TRAINED)
-    for name, p in model.named_parameters():
-        p.requires_grad_(f".{TRAINED}." in name and "lora_" in name)
-    try:
-        yield model, engine.tokenizer
-    finally:
-        if serving:
-            net.set_adapter(next(a for a in net.peft_config if a != TRAINED))
-            net.delete_adapter(TRAINED)
-        else:  # the LoRA layers out again, the base untouched
-            engine.net = model.unload()
-        engine.net.eval()
-        for p in engine.net.parameters():
-            p.requires_grad_(False)
-
-
-def load_model(base: str, adapter: str | None, opts: TrainFields):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlany.compat import enable_cpu_masked_gqa, resolve_dtype
-    enable_cpu_masked_gqa()
-
-    tokenizer = AutoTokenizer.from_pretrained(adapter if opts.full and adapter else base)
-    model = AutoModelForCausalLM.from_pretrained(adapter if opts.full and adapter else base,
-                                                 dtype=getattr(torch, resolve_dtype(opts.dtype)))
-    if opts.full:
-        return model, tokenizer
-    from peft import PeftModel, get_peft_model
-
-    if adapter:
-        model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
-    else:
-        torch.manual_seed(opts.seed)  # LoRA A is random-initialized: make it reproducible
-        model = get_peft_model(model, lora_config(opts, model), adapter_name=TRAINED)
-    return model, tokenizer
-
-
 def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Path,
           meta: dict, log: Callable[[dict], None], objective: str = "ppo") -> dict:
     """Run the update and write the checkpoint to `output`. Returns summary metrics.
     `objective`: "ppo" (clip against the pre-update log-probs), "nll" (supervised: the
     token mean negative log-likelihood of each response, weighted by its advantage), or a
-    verdict objective, "expected" / "logloss" (`rlany.verdict`: the choice distribution at
+    verdict objective, "expected" / "logloss" (`rlany.training.verdict`: the choice distribution at
     the prompt's end against each sample's target, weighted by its advantage)."""
     import torch
     from accelerate import Accelerator
 
-    from rlany import train_state as state
     from rlany.compat import accepts_logits_to_keep
     from rlany.shared_prefix import shareable, shared_logprobs
-    from rlany.verdict import choice_logprobs
+    from rlany.training import state
+    from rlany.training.verdict import choice_logprobs
 
     started = time.perf_counter()
     acc = Accelerator()
@@ -367,7 +193,7 @@ def response_logprobs(model, batch, device, keep: bool = True):
     the LM head runs only where a response token is predicted (from the shortest prompt's
     last token on): over a long prompt it is most of the (B, T, vocab) logits and a quarter
     of the compute, and the log-probs are the same numbers."""
-    from rlany.losses import token_logprobs
+    from rlany.training.losses import token_logprobs
 
     ids, attn, resp, adv = (t.to(device) for t in batch)
     if not keep:
@@ -416,12 +242,12 @@ def _pre_update_logprobs(forward, samples: list[Sample], steps: list[list[int]],
     return old
 
 
-def _ppo_parts(logp, resp, adv, idx: list, old: dict, opts: TrainOptions, normalizer: float):
+def _ppo_parts(logp, resp, adv, idx: list, old: dict, opts: PpoFields, normalizer: float):
     """PPO-clip of one micro-batch against the pre-update log-probs (`old`, filled here for
     a first-step sample: the current weights are the old ones)."""
     import torch
 
-    from rlany.losses import ppo_clip_loss
+    from rlany.training.losses import ppo_clip_loss
 
     old_logp = torch.zeros_like(logp)  # (B, T-1)
     for row, i in enumerate(idx):
@@ -440,8 +266,8 @@ def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: l
     the gradient clip. Returns the step's numbers over all processes (the caller steps)."""
     import torch
 
-    from rlany.losses import nll_loss
-    from rlany.verdict import verdict_loss
+    from rlany.training.losses import nll_loss
+    from rlany.training.verdict import verdict_loss
 
     world = acc.num_processes
     batches = micro_batches(group, samples, acc.process_index, world, opts.micro_batch)

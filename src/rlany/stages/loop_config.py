@@ -12,25 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlany.errors import RlanyError, UsageError
-
-
-def _tables() -> dict[str, tuple[str, type, str]]:
-    """config table -> (command, options class, module with `run`)."""
-    from rlany.adapt import AdaptOptions
-    from rlany.evaluate import EvalOptions
-    from rlany.judge import JudgeOptions
-    from rlany.rollout import RolloutOptions
-    from rlany.score import ScoreOptions
-    from rlany.train_stage import SftOptions, TrainOptions, TrainRmOptions
-
-    return {"rollout": ("rollout", RolloutOptions, "rollout"),
-            "judge": ("judge", JudgeOptions, "judge"),
-            "score": ("score", ScoreOptions, "score"),
-            "train_policy": ("train-policy", TrainOptions, "train_stage"),
-            "train_rm": ("train-rm", TrainRmOptions, "train_stage"),
-            "adapt_tasks": ("adapt-tasks", AdaptOptions, "adapt"),
-            "eval": ("eval", EvalOptions, "evaluate"),
-            "sft": ("sft", SftOptions, "train_stage")}  # the warm start (warm_start = true)
+from rlany.stages import BY_TABLE
 
 
 def _run_keys() -> dict[str, Any]:
@@ -38,8 +20,8 @@ def _run_keys() -> dict[str, Any]:
     from rlany.options import specs
 
     keys: dict[str, Any] = {}
-    for _, cls, _ in _tables().values():
-        for key, (hint, _, spec) in specs(cls).items():
+    for stage in BY_TABLE.values():
+        for key, (hint, _, spec) in specs(stage.options).items():
             if spec.scope == "run":
                 keys.setdefault(key, hint)
     return keys
@@ -78,7 +60,7 @@ class LoopConfig:
         """The options object of one stage: run keys + its table + what the loop sets."""
         from rlany.options import from_table, specs
 
-        _, cls, _ = _tables()[table]
+        cls = BY_TABLE[table].options
         fields = specs(cls)
         run = {k: v for k, v in self.run.items() if k in fields and fields[k][2].scope == "run"}
         return from_table(cls, self.tables.get(table, {}), self.path, table, **run, **io)
@@ -147,7 +129,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
     raw.update(overrides)
     for item in sets:
         _apply_set(raw, item)
-    tables, run_keys, loop_keys = _tables(), _run_keys(), LoopConfig.keys()
+    tables, run_keys, loop_keys = BY_TABLE, _run_keys(), LoopConfig.keys()
     top: dict[str, Any] = {}
     run: dict[str, Any] = {}
     sections: dict[str, dict] = {}
@@ -182,7 +164,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
                          where=cfg.path)
     _resolve(cfg, overrides)
     for table in tables:  # every stage's options, checked before anything runs
-        cfg.options(table, **_placeholders(tables[table][1]))
+        cfg.options(table, **_placeholders(tables[table].options))
     _check_files(cfg)
     return cfg
 
@@ -258,9 +240,9 @@ def _apply_set(raw: dict[str, Any], item: str) -> None:
         value = text.strip()
     table, _, name = key.rpartition(".")
     if table:
-        if table not in _tables():
+        if table not in BY_TABLE:
             raise UsageError(f"--set {item!r}: no table [{table}]",
-                             hint=f"tables: {', '.join(_tables())}")
+                             hint=f"tables: {', '.join(BY_TABLE)}")
         section = raw.setdefault(table, {})
         if not isinstance(section, dict):
             raise UsageError(f"--set {item!r}: [{table}] is not a table")
@@ -280,14 +262,14 @@ def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:
                              where=cfg.path, hint="remove one of them")
         score["lam"] = 0.0  # --no-step-feedback on the command line is the ablation: it wins
     judge, evaluation = cfg.tables.get("judge", {}), cfg.tables.setdefault("eval", {})
-    from rlany.evaluate import JUDGE_FIELDS
+    from rlany.stages.eval import JUDGE_FIELDS
 
     for eval_key, judge_key in JUDGE_FIELDS.items():
         if judge_key in judge and eval_key not in evaluation:
             evaluation[eval_key] = judge[judge_key]
     if "max_lora_rank" not in cfg.run:
         # vLLM pads every adapter to max_lora_rank: serve exactly the largest rank trained
-        from rlany.train_stage import TrainOptions
+        from rlany.stages.train_policy import TrainOptions
         cfg.run["max_lora_rank"] = max(  # train-policy continues init_policy in its shape
             [cfg.tables.get(t, {}).get("lora_r", TrainOptions.lora_r)
              for t in ("train_policy", "train_rm")]

@@ -28,8 +28,9 @@ from statistics import fmean
 
 from rlany.errors import RlanyError
 from rlany.options import opt
-from rlany.records import Judgment, Trajectory
-from rlany.rollout import EpisodeFields
+from rlany.prompts import VERDICT_MODES
+from rlany.records import MODES, Judgment, Trajectory
+from rlany.stages.rollout import EpisodeFields
 
 # eval's flags that are the judge's (eval key -> judge key); `rlany loop` fills them from
 # [judge] unless [eval] sets them
@@ -66,9 +67,9 @@ class EvalOptions(EpisodeFields):
     obs_lines: int = opt(0, "The judge's observation cap (see `rlany judge --help`).", min=0,
                          panel=JUDGE_PANEL)
     judge_mode: str = opt("steps", "The judge's mode (see `rlany judge --help`).",
-                          choices=("steps", "unit-tests"), panel=JUDGE_PANEL)
+                          choices=MODES, panel=JUDGE_PANEL)
     verdict: str = opt("constrained", "The judge's verdict decoding (see `rlany judge "
-                       "--help`).", choices=("constrained", "free"), panel=JUDGE_PANEL)
+                       "--help`).", choices=VERDICT_MODES, panel=JUDGE_PANEL)
     judge_last_step_only: bool = opt(False, "Judge only each episode's last step: the "
                                      "outcome-labelled one, at a fraction of the cost.",
                                      panel=JUDGE_PANEL)
@@ -82,7 +83,7 @@ class EvalOptions(EpisodeFields):
         self._judge_options().check(lambda key: name(flag.get(key, key)))
 
     def rollout_options(self):
-        from rlany.rollout import RolloutOptions
+        from rlany.stages.rollout import RolloutOptions
 
         same = {f.name: getattr(self, f.name) for f in fields(EpisodeFields)}
         return RolloutOptions(input=self.input, **same)
@@ -93,7 +94,7 @@ class EvalOptions(EpisodeFields):
         return self._judge_options()
 
     def _judge_options(self):
-        from rlany.judge import JudgeOptions
+        from rlany.stages.judge import JudgeOptions
 
         return JudgeOptions(input=self.input, adapter=self.judge_adapter, seed=self.seed,
                             last_step_only=self.judge_last_step_only,
@@ -172,7 +173,7 @@ def judge_metrics(trajectories: list[Trajectory], judgments: list[Judgment]) -> 
             last_ok += sum(s.score == traj.outcome for s in last)
             mean = fmean(fmean(s.score for s in step.samples) for step in j.steps)
             agree += mean * traj.outcome > 0
-    from rlany.judge import balanced_accuracy
+    from rlany.stages.judge import balanced_accuracy
 
     return {
         "judge_step_accuracy": balanced_accuracy(steps),
@@ -193,9 +194,9 @@ def run(opts: EvalOptions, engine=None) -> dict:
     from rlany import envs
     from rlany.console import info
     from rlany.jsonl import AtomicJsonl, write_meta, write_text_atomic
-    from rlany.judge import judge, unit_test_counts
-    from rlany.rollout import rollout
     from rlany.stageio import GEN_VERSIONS, adapter_checks, begin_generation, engine_flags
+    from rlany.stages.judge import judge, unit_test_counts
+    from rlany.stages.rollout import rollout
 
     started = time.time()
     tasks, reader, engine = begin_generation(

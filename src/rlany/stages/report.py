@@ -170,7 +170,7 @@ def gain_line(run: dict) -> str | None:
 
 
 def _gain(before: dict, after: dict, what: str) -> str:
-    from rlany.evaluate import gain_interval
+    from rlany.stages.eval import gain_interval
 
     kb = round(before["success_rate"] * before["trajectories"])
     kf = round(after["success_rate"] * after["trajectories"])

@@ -103,11 +103,11 @@ def verdict_samples(scored: Iterable, choices: tuple[str, ...]) -> Iterator[RawV
 
 def tokenize_verdicts(tokenizer, raw: Iterable[RawVerdict], max_len: int, balance: bool):
     """(samples, dropped): each step's rendered judge prompt + the choices' forced prefix,
-    with its target and class weight (`rlany.train.Sample`, no response); a prompt longer
-    than `max_len` is dropped."""
+    with its target and class weight (`rlany.training.samples.Sample`, no response); a
+    prompt longer than `max_len` is dropped."""
     from rlany.chat import render
     from rlany.prompts import VERDICT_CHOICES, parse_verdict
-    from rlany.train import Sample
+    from rlany.training.samples import Sample
 
     at = branch(tokenizer, VERDICT_CHOICES, tuple(parse_verdict(c) for c in VERDICT_CHOICES))
     kept, dropped = [], 0
@@ -161,11 +161,11 @@ def choice_logprobs(model, prompts: list[list[int]], tokens: list[int], pad_id: 
 def verdict_loss(logq, values, targets, weights, *, objective: str,
                  normalizer: float | None = None):
     """logq: (B, C) log-probs of the choices; values: (C,) their verdict scores; targets,
-    weights: (B,) (weight 0 for a padding row). Returns `rlany.losses.LossParts`: the sum of
-    per-sample losses / normalizer (default B), like the other objectives."""
+    weights: (B,) (weight 0 for a padding row). Returns `rlany.training.losses.LossParts`:
+    the sum of per-sample losses / normalizer (default B), like the other objectives."""
     import torch
 
-    from rlany.losses import LossParts
+    from rlany.training.losses import LossParts
 
     values, targets, weights = (t.to(logq.device, logq.dtype)
                                 for t in (values, targets, weights))

@@ -38,9 +38,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from rlany.critiques import collect_critiques, model_summaries
 from rlany.engines import Engine, Request, Sampling
-from rlany.envs import Environment
+from rlany.envs import Environment, OffersEdits, offered_edits
 from rlany.errors import RlanyError
 from rlany.options import EngineFields, opt
 from rlany.prompts import (
@@ -50,6 +49,7 @@ from rlany.prompts import (
     rewrite_messages,
 )
 from rlany.records import Lineage, Task, TaskStats
+from rlany.stages.critiques import collect_critiques, model_summaries
 
 REWRITES = ("auto", "edits", "free")
 SUMMARIES = ("extract", "model")
@@ -222,8 +222,9 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
         env = envs[t.task_id]
         try:
             descriptions[t.task_id] = env.describe(t)
-            if opts.rewrite == "edits" or (opts.rewrite == "auto" and hasattr(env, "edits")):
-                menus[t.task_id] = env.edits(t.spec, d) if hasattr(env, "edits") else []
+            if opts.rewrite == "edits" or (opts.rewrite == "auto" and
+                                           isinstance(env, OffersEdits)):
+                menus[t.task_id] = offered_edits(env, t.spec, d)
         except Exception as e:  # a spec its env cannot read: rejected with the reason, as
             # rollout records a broken task instead of failing the batch
             descriptions.pop(t.task_id, None)

@@ -19,7 +19,7 @@ Reward model (consistency feedback):
     A step whose m verdicts all agree teaches nothing and is not kept; only tasks with
     rm_acc_min <= acc(q) <= rm_acc_max (0.2, 0.8) give reward-model data.
     Every judged step of such a task also carries `rm_target`: what `train-rm
-    --objective expected | logloss` (rlany.verdict) trains the verdict toward exactly,
+    --objective expected | logloss` (rlany.training.verdict) trains the verdict toward exactly,
     one sample per step, agreeing verdicts or not. It is O_i (`--rm-target outcome`, the
     default): the sign of R_it wherever the sampled estimator trains (verdicts that
     differ, so |S̄_it| < 1 and, with λ <= 1, sign R_it = O_i). R_it itself
@@ -65,8 +65,8 @@ from pathlib import Path
 
 from rlany.errors import RlanyError
 from rlany.options import opt
-from rlany.pairing import groups, paired
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
+from rlany.stages.pairing import groups, paired
 
 EPS_STD = 1e-8  # below this a group's rewards are treated as all equal
 

@@ -28,10 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from rlany.chat import text_of
-from rlany.engines import Engine, Request, Sampling, stable_seed
+from rlany.engines import Engine, Request, Sampling, real_token_ids, stable_seed
 from rlany.errors import RlanyError
 from rlany.options import EngineFields, opt
 from rlany.prompts import (
+    VERDICT_MODES,
     clip,
     generate_verdicts,
     judge_messages,
@@ -39,12 +40,15 @@ from rlany.prompts import (
     parse_verdict,
     unit_test_messages,
 )
-from rlany.records import JudgeSample, Judgment, StepJudgment, Trajectory, responses_digest
+from rlany.records import (
+    MODES,
+    JudgeSample,
+    Judgment,
+    StepJudgment,
+    Trajectory,
+    responses_digest,
+)
 
-MODES = ("steps", "unit-tests")
-
-
-VERDICTS = ("constrained", "free")
 SELECTS = ("all", "used")
 
 
@@ -72,7 +76,7 @@ class JudgeOptions(EngineFields):
                     choices=MODES)
     verdict: str = opt("constrained", "constrained: reason freely, then the verdict is decoded "
                        "as exactly \\boxed{+1} or \\boxed{-1} (always readable). free: parse "
-                       "whatever the judge wrote (unparseable scores 0).", choices=VERDICTS)
+                       "whatever the judge wrote (unparseable scores 0).", choices=VERDICT_MODES)
     last_step_only: bool = opt(False, "Judge only each trajectory's last step.")
     select: str = opt("all", "Which tasks to judge. all: every step of every trajectory "
                       "(the paper). used: only the tasks `score` can train on, i.e. not a "
@@ -177,7 +181,7 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                                          seed=stable_seed(opts.seed, "judge", tid, k)))
                 for tid, steps in prompts.items() for k, p in steps]
     results = iter(generate_verdicts(engine, requests, opts.verdict))
-    real_ids = getattr(engine, "real_token_ids", True)
+    real_ids = real_token_ids(engine)
     for group in batch:
         judgments = []
         for traj in group:
@@ -299,7 +303,6 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     """Read trajectories, judge them (resuming a partial output), write judgments."""
     from rlany.console import info, progress
     from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
-    from rlany.pairing import groups
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,
@@ -308,6 +311,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         prepare_paths,
         start_engine,
     )
+    from rlany.stages.pairing import groups
 
     started = time.time()
     check_adapter(opts.adapter)

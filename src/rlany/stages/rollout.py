@@ -33,7 +33,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from rlany.chat import text_of, user_content
-from rlany.engines import Completion, Engine, EngineStats, Request, Result, Sampling, stable_seed
+from rlany.engines import (
+    Completion,
+    Engine,
+    EngineStats,
+    Request,
+    Result,
+    Sampling,
+    real_token_ids,
+    stable_seed,
+)
 from rlany.envs import Environment, split_obs
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
@@ -125,7 +134,7 @@ def rollout(tasks: Iterable[Task], engine: Engine, make_env: Callable[[str], Env
 def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Environment],
                opts: RolloutOptions, policy: dict) -> Iterator[list[Trajectory]]:
     episodes = [_start(task, k, make_env) for task in tasks for k in range(opts.n)]
-    real_ids = getattr(engine, "real_token_ids", True)  # the fake engine's ids are made up
+    real_ids = real_token_ids(engine)  # the fake engine's ids are made up
     for turn in range(opts.max_steps):
         live = [e for e in episodes if e.finish is None]
         if not live:
@@ -163,7 +172,7 @@ def _has_expert(task: Task) -> None:
     """`--expert`: every task's env must have one (checked at read, with the line)."""
     from rlany import envs
 
-    if not hasattr(envs.make_env(task.env), "expert_action"):
+    if not isinstance(envs.make_env(task.env), envs.HasExpert):
         raise RlanyError(f"environment '{task.env}' has no expert (no expert_action() "
                          "method), so --expert cannot be used with it")
 
@@ -190,11 +199,12 @@ class ExpertEngine:
 
 
 def _choices(e: _Episode) -> tuple[str, ...]:
-    listing = getattr(e.env, "choices", None)
-    if listing is None:
+    from rlany.envs import ListsActions
+
+    if not isinstance(e.env, ListsActions):
         raise RlanyError(f"environment '{e.task.env}' does not list its actions (no "
                          "choices() method), so --constrain-actions cannot be used with it")
-    return tuple(listing())
+    return tuple(e.env.choices())
 
 
 def _start(task: Task, sample: int, make_env: Callable[[str], Environment]) -> _Episode:

@@ -1,0 +1,75 @@
+"""The trainers' options: what every trainer shares (TrainFields) and PPO's own fields
+(PpoFields). The commands' options classes (`rlany.stages.train_policy`, `train_rm`, `sft`)
+build on these; the trainer reads them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlany.errors import RlanyError
+from rlany.options import opt
+
+OLD_LOGPROBS = ("auto", "generation", "recompute")  # where PPO's pre-update log-probs come from
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainFields:
+    """What every trainer shares (train-policy, train-rm, sft): data, model, LoRA, optimizer,
+    batching and resume. The objective's own fields are in the classes below."""
+
+    input: str = opt("-", "scored.jsonl from `rlany score`; - for stdin (the default).",
+                     scope="io", short="-i")
+    output: str = opt(help="Checkpoint directory to write (a PEFT adapter, or a full model "
+                      "with --full). It appears only when complete; a killed run resumes "
+                      "from its last optimizer step.", scope="io", short="-o")
+    model: str = opt("smollm2", "Base model: `smollm2`, a local HF directory, or a hub id.",
+                     scope="run")
+    adapter: str | None = opt(None, "Continue training this LoRA adapter (or, with --full, "
+                              "this model directory).", scope="io")
+    iteration: int = opt(0, "Loop iteration, recorded in rlany.json.", scope="io", min=0)
+    seed: int = opt(0, "Seed of the LoRA init and the sample order.", scope="run", min=0)
+    lr: float = opt(3e-4, "AdamW learning rate. LoRA: 3e-4 (benchmarks/LOG.md, 2026-11-22: "
+                    "2e-5 did not move SmolLM2-135M in 3 iterations, 3e-4 and 1e-3 did); "
+                    "full fine-tuning wants ~1e-6.", min=0, min_exclusive=True)
+    epochs: int = opt(1, "Passes over the samples.", min=1)
+    micro_batch: int = opt(4, "Sequences per forward/backward.", min=1)
+    grad_accum: int = opt(2, "Micro-batches per optimizer step (per process).", min=1)
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm.", min=0, min_exclusive=True)
+    weight_decay: float = opt(0.0, "AdamW weight decay.", min=0)
+    max_len: int = opt(1024, "Longest prompt+response in tokens; longer samples are dropped "
+                       "whole.", min=2)
+    full: bool = opt(False, "Full fine-tuning instead of LoRA.")
+    lora_r: int = opt(16, "LoRA rank.", min=1)
+    lora_alpha: int = opt(32, "LoRA alpha.", min=1)
+    lora_dropout: float = opt(0.0, "LoRA dropout.", min=0, max=1)
+    lora_layers: int | None = opt(None, "LoRA on the model's top N layers only (default: every "
+                                  "layer): the backward pass stops there, so a step costs "
+                                  "little more than a forward. What judge_capacity.py's judges "
+                                  "learned with (top 2).", min=1)
+    target_modules: str = opt("all-linear", "LoRA target modules: all-linear or a comma list "
+                              "such as q_proj,v_proj.")
+    dtype: str = opt("auto", "Training dtype: auto (bf16 where the CPU or GPU has native bf16, "
+                     "else float32), float32, bfloat16.",
+                     choices=("auto", "float32", "bfloat16"))
+    save_every: int = opt(1, "Save the resumable state every this many optimizer steps.", min=1)
+    max_steps: int | None = opt(None, "Stop after this many optimizer steps.", min=1)
+    share_prefix: bool = opt(True, "Run each prefix that samples of a micro-batch share once "
+                             "(the same loss and gradients, less compute; sdpa or eager "
+                             "attention, else off).", diagnostic=True)
+
+    def check(self, name) -> None:
+        if not self.target_modules.strip(" ,"):
+            raise RlanyError(f"{name('target_modules')} is empty")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PpoFields(TrainFields):
+    """PPO-clip with a k3 KL to the pre-update policy (train-policy, train-rm's pg)."""
+
+    clip_eps: float = opt(0.2, "PPO clip epsilon.", min=0)
+    kl_beta: float = opt(0.01, "k3 KL weight against the pre-update policy.", min=0)
+    old_logprobs: str = opt("auto", "PPO's pre-update log-probs: auto (the sampling engine's, "
+                            "where every sample has them and they are exact), generation, or "
+                            "recompute (an extra forward pass).",
+                            choices=OLD_LOGPROBS,
+                            diagnostic=True)

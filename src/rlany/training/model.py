@@ -1,0 +1,94 @@
+"""The trainer's model: loaded from disk (a base model with a fresh or a saved LoRA
+adapter, or a full model), or borrowed from the hf engine that already holds the base
+weights (one copy in memory)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlany.training.fields import TrainFields
+
+
+def lora_config(opts: TrainFields, model=None):
+    """The LoRA of `opts`; with `lora_layers` N, on the top N of `model`'s layers only."""
+    from peft import LoraConfig
+
+    targets = (opts.target_modules if opts.target_modules == "all-linear"
+               else [t.strip() for t in opts.target_modules.split(",") if t.strip()])
+    layers = None
+    if opts.lora_layers:
+        total = model.config.num_hidden_layers
+        layers = list(range(max(0, total - opts.lora_layers), total))
+    return LoraConfig(r=opts.lora_r, lora_alpha=opts.lora_alpha, lora_dropout=opts.lora_dropout,
+                      target_modules=targets, task_type="CAUSAL_LM",
+                      layers_to_transform=layers)
+
+
+TRAINED = "default"  # the adapter being trained: PEFT saves "default" at the top level
+
+
+@contextmanager
+def borrowed_model(engine, adapter: str | None, opts: TrainFields):
+    """The hf engine's own network as the trainer's model: the base weights in memory are
+    shared, never copied or merged into. A trainable LoRA adapter (TRAINED: `adapter`'s
+    weights, or a fresh one seeded as `load_model` seeds it) is added beside the adapters
+    the engine serves, only its tensors train, and it is removed afterwards (the checkpoint
+    on disk is what the engine loads next). Yields (model, tokenizer)."""
+    import torch
+    from peft import PeftModel, get_peft_model
+
+    from rlany.compat import enable_cpu_masked_gqa
+    enable_cpu_masked_gqa()
+
+    net = engine.net
+    serving = isinstance(net, PeftModel)  # the engine already holds adapters
+    if not adapter:
+        torch.manual_seed(opts.seed)
+    if serving:
+        if adapter:
+            net.load_adapter(adapter, adapter_name=TRAINED, is_trainable=True)
+        else:
+            net.add_adapter(TRAINED, lora_config(opts, net))
+        net.set_adapter(TRAINED)
+        model = net
+    elif adapter:
+        model = PeftModel.from_pretrained(net, adapter, adapter_name=TRAINED, is_trainable=True)
+    else:
+        model = get_peft_model(net, lora_config(opts, net), adapter_name=TRAINED)
+    for name, p in model.named_parameters():
+        p.requires_grad_(f".{TRAINED}." in name and "lora_" in name)
+    try:
+        yield model, engine.tokenizer
+    finally:
+        if serving:
+            net.set_adapter(next(a for a in net.peft_config if a != TRAINED))
+            net.delete_adapter(TRAINED)
+        else:  # the LoRA layers out again, the base untouched
+            engine.net = model.unload()
+        engine.net.eval()
+        for p in engine.net.parameters():
+            p.requires_grad_(False)
+
+
+def load_model(base: str, adapter: str | None, opts: TrainFields):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlany.compat import enable_cpu_masked_gqa, resolve_dtype
+    enable_cpu_masked_gqa()
+
+    tokenizer = AutoTokenizer.from_pretrained(adapter if opts.full and adapter else base)
+    model = AutoModelForCausalLM.from_pretrained(adapter if opts.full and adapter else base,
+                                                 dtype=getattr(torch, resolve_dtype(opts.dtype)))
+    if opts.full:
+        return model, tokenizer
+    from peft import PeftModel, get_peft_model
+
+    if adapter:
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    else:
+        torch.manual_seed(opts.seed)  # LoRA A is random-initialized: make it reproducible
+        model = get_peft_model(model, lora_config(opts, model), adapter_name=TRAINED)
+    return model, tokenizer

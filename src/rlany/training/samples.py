@@ -1,0 +1,104 @@
+"""What the trainer learns from: samples taken from the records, then token ids.
+
+A sample is (chat messages -> response tokens, advantage): for `train-policy` each kept
+scored step (prompt_messages -> response, the step's advantage), for `train-rm` each kept
+judge sample (judge_messages -> the judge's output, its consistency advantage), for `sft`
+each step of a successful trajectory (weight 1). The prompt is rendered with the
+tokenizer's chat template (`rlany.chat.render`, as at generation); the response is the
+**sampled token ids** of the record (older records without ids fall back to tokenizing the
+text; both are counted). EOS closes a response only where generation ended (policy: not
+`truncated`; judge: finish_reason not "length") and the sampled ids do not already end with
+it. A sample longer than `max_len` is dropped whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from rlany.records import Scored, Trajectory
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    advantage: float
+    old_logprobs: list[float] | None = None  # the engine's log-prob of each response id
+    from_ids: bool = False  # the response is the sampled ids (not a re-tokenized text)
+    # verdict objectives (`rlany.training.verdict`): no response; the prompt ends at the branch
+    target: float | None = None  # R_it, what the verdict must agree with
+    choice_ids: list[int] | None = None  # the choices' branch tokens
+    choice_values: list[float] | None = None  # their verdict scores
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+class RawSample(NamedTuple):
+    messages: list[dict]
+    response: str
+    advantage: float
+    ended: bool  # generation ended (EOS or a stop): an EOS closes the response
+    token_ids: list[int] | None = None  # the sampled response ids, where recorded
+    logprobs: list[float] | None = None  # the engine's log-probs of token_ids
+
+
+def policy_samples(scored: Iterable[Scored]) -> Iterator[RawSample]:
+    for traj in scored:
+        for step in traj.steps:
+            if step.keep:
+                yield RawSample(step.prompt_messages, step.response, step.advantage,
+                                not step.truncated, step.token_ids, step.logprobs)
+
+
+def rm_samples(scored: Iterable[Scored]) -> Iterator[RawSample]:
+    """Judge samples; an output cut at max_tokens (finish_reason "length") gets no EOS.
+    Records from before finish_reason was kept (None) count as ended, as they were."""
+    for traj in scored:
+        for step in traj.steps:
+            for sample in step.judge:
+                if sample.keep and step.judge_messages:
+                    yield RawSample(step.judge_messages, sample.text, sample.advantage,
+                                    sample.finish_reason != "length", sample.token_ids)
+
+
+def sft_samples(trajectories: Iterable[Trajectory], all_outcomes: bool = False
+                ) -> Iterator[RawSample]:
+    """Warm-start samples: every step of each successful trajectory (every trajectory with
+    `all_outcomes`) with a prompt, weight 1; a step that raised in the env is skipped."""
+    for traj in trajectories:
+        if traj.outcome != 1 and not all_outcomes:
+            continue
+        for step in traj.steps:
+            # an empty response (the expert had no plan from there) would teach stopping
+            if step.prompt_messages and step.response and "error" not in step.info:
+                yield RawSample(step.prompt_messages, step.response, 1.0,
+                                step.finish_reason != "length", step.token_ids)
+
+
+def tokenize(tokenizer, raw: Iterable[RawSample | tuple], max_len: int
+             ) -> tuple[list[Sample], int]:
+    """Token ids for each sample; over-long samples are dropped whole. Returns (kept, dropped)."""
+    from rlany.chat import render
+
+    eos = tokenizer.eos_token_id
+    ends = set(tokenizer.all_special_ids)  # sampled ids that already close the response
+    kept, dropped = [], 0
+    for r in raw:
+        r = RawSample(*r)
+        prompt = render(tokenizer, r.messages)
+        if r.token_ids is not None:
+            resp = list(r.token_ids)
+            logprobs = list(r.logprobs) if r.logprobs and len(r.logprobs) == len(resp) else None
+        else:
+            resp, logprobs = tokenizer(r.response, add_special_tokens=False)["input_ids"], None
+        if r.ended and eos is not None and (not resp or resp[-1] not in ends):
+            resp, logprobs = resp + [eos], None  # no engine log-prob for an unsampled EOS
+        if not resp or len(prompt) + len(resp) > max_len:
+            dropped += 1
+            continue
+        kept.append(Sample(prompt, resp, r.advantage, logprobs, r.token_ids is not None))
+    return kept, dropped
