@@ -11,7 +11,7 @@ export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
-	bench-judge-capacity \
+	bench-judge-capacity bench-learning-judge \
 	bench-learning-reduced bench-learning-warm bench-learning-reasoning bench-sweep \
 	bench-sweep-reasoning lint golden docs clean
 
@@ -108,6 +108,14 @@ bench-learning-reasoning: install
 		--bench learning-reasoning --arms policy-only --seeds 0 1 2
 	$(PY) benchmarks/learning.py --config examples/reasoning/learn.toml \
 		--bench learning-reasoning --arms full --seeds 0 --readme
+
+# The judge in the loop (issue "The judge learns"): policy-only, +rm (consistency feedback
+# alone) and full, 3 seeds each, each rm run's judge scored on fixed held-out labelled steps
+# (judge_heldout.py): benchmarks/results/learning-judge.json with judge_gain and
+# full_minus_policy_only. ~55 min a judged run on a 2-core AVX2 CPU; resumable.
+bench-learning-judge: install
+	$(PY) benchmarks/learning.py --arms policy-only +rm full --seeds 0 1 2 \
+		--bench learning-judge --readme
 
 # Can the 135M judge learn the household step labels (supervised), and what does the
 # outcome (the consistency target) teach it? benchmarks/results/judge_capacity.json
