@@ -34,9 +34,13 @@ MAX_ROW = 0  # a row's width at least (0: as wide as the longest remainder)
 
 
 def shareable(model) -> bool:
-    """Whether the model's attention takes the 4-D masks this needs."""
+    """Whether the model's attention takes the 4-D masks this needs (and transformers'
+    cache can be repeated per row)."""
+    from transformers import DynamicCache
+
     config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+    return (getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+            and hasattr(DynamicCache, "batch_repeat_interleave"))
 
 
 def common_prefix(seqs: list[list[int]], limit: int) -> int:
@@ -50,7 +54,7 @@ def common_prefix(seqs: list[list[int]], limit: int) -> int:
 
 @dataclass
 class Row:
-    """One packed row: a prefix tree of some samples' remainders."""
+    """A prefix tree of some samples' remainders, or a packed row of such trees."""
 
     tokens: list[int]  # node -> token id
     depth: list[int]  # node -> its depth (0 = the first token after the common prefix)
