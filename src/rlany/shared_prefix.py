@@ -38,9 +38,14 @@ def shareable(model) -> bool:
     cache can be repeated per row)."""
     from transformers import DynamicCache
 
-    config = getattr(model, "config", None)
-    return (getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+    return (_attention(model) in ("sdpa", "eager")
             and hasattr(DynamicCache, "batch_repeat_interleave"))
+
+
+def _attention(model) -> str | None:
+    """The attention implementation of a causal LM, under a DDP wrapper too."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    return getattr(config, "_attn_implementation", None)
 
 
 def common_prefix(seqs: list[list[int]], limit: int) -> int:
@@ -118,16 +123,19 @@ def pack_rows(rests: list[list[int]], min_shared: int = MIN_SHARED,
 
 
 def shared_logits(model, seqs: list[list[int]], firsts: list[int], lasts: list[int],
-                  pad_id: int, device, min_shared: int = MIN_SHARED, max_row: int = MAX_ROW):
+                  pad_id: int, device, min_shared: int = MIN_SHARED, max_row: int = MAX_ROW,
+                  one_pass: bool = False):
     """The logits at positions firsts[i]..lasts[i] of each sequence (a list of (n_i, V)
     fp32 tensors), every shared prefix computed once.
 
     A row's order of nodes is free (the mask and the positions say what each node is), so
     the nodes whose logits are wanted go last in their row, right-aligned, and the LM head
-    runs over the last K columns only (K: the most any row wants)."""
+    runs over the last K columns only (K: the most any row wants). `one_pass`: no separate
+    pass for the common prefix (it stays in the trees): DDP allows one forward per backward."""
     import torch
 
-    shared = common_prefix(seqs, min(firsts))  # ends before the first position asked for
+    # the common prefix ends before the first position asked for
+    shared = 0 if one_pass else common_prefix(seqs, min(firsts))
     rows = pack_rows([s[shared:] for s in seqs], min_shared, max_row)
     want = []  # per row: {sample: its nodes at the positions asked for}
     for row in rows:
@@ -163,7 +171,7 @@ def shared_logits(model, seqs: list[list[int]], firsts: list[int], lasts: list[i
         if len(rows) > 1:
             past.batch_repeat_interleave(len(rows))  # differentiable: gradients add up
     mask = attend[:, None].to(device)
-    if getattr(model.config, "_attn_implementation", None) == "eager":  # additive mask
+    if _attention(model) == "eager":  # an additive mask
         dtype = next(p for p in model.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
             ~mask, torch.finfo(dtype).min)
@@ -178,7 +186,8 @@ def shared_logits(model, seqs: list[list[int]], firsts: list[int], lasts: list[i
 
 
 def shared_logprobs(model, seqs: list[list[int]], firsts: list[int], pad_id: int, device,
-                    min_shared: int = MIN_SHARED, max_row: int = MAX_ROW):
+                    min_shared: int = MIN_SHARED, max_row: int = MAX_ROW,
+                    one_pass: bool = False):
     """Log-probs of each sample's scored tokens: sample i's tokens seqs[i][firsts[i] + 1:],
     each predicted from the one before it. Returns (logp (B, R), mask (B, R)), row i's
     len(seqs[i]) - 1 - firsts[i] values left-aligned (the layout `rlany.losses` takes)."""
@@ -186,7 +195,7 @@ def shared_logprobs(model, seqs: list[list[int]], firsts: list[int], pad_id: int
     from torch.nn.utils.rnn import pad_sequence
 
     logits = shared_logits(model, seqs, firsts, [len(s) - 2 for s in seqs], pad_id, device,
-                           min_shared, max_row)
+                           min_shared, max_row, one_pass)
     picked = []
     for seq, first, z in zip(seqs, firsts, logits, strict=True):
         targets = torch.tensor(seq[first + 1:], device=z.device)

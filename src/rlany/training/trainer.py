@@ -126,11 +126,12 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     def forward(batch: list[Sample]):
         if objective in VERDICT_OBJECTIVES:  # log q(choice | prompt), (B, C)
             return choice_logprobs(model, [s.prompt_ids for s in batch],
-                                   batch[0].choice_ids, pad, acc.device, share)
+                                   batch[0].choice_ids, pad, acc.device, share,
+                                   one_pass=acc.num_processes > 1)
         if share:  # each shared prefix once (rlany.shared_prefix): the same numbers
             logp, resp = shared_logprobs(model, [s.prompt_ids + s.response_ids for s in batch],
                                          [len(s.prompt_ids) - 1 for s in batch], pad,
-                                         acc.device)
+                                         acc.device, one_pass=acc.num_processes > 1)
             return logp, resp, torch.tensor([s.advantage for s in batch], device=acc.device)
         return response_logprobs(model, collate(batch, pad), acc.device, keep)
 

@@ -133,10 +133,10 @@ def class_weights(targets: list[float], balance: bool) -> list[float]:
 
 
 def choice_logprobs(model, prompts: list[list[int]], tokens: list[int], pad_id: int, device,
-                    share: bool = False):
+                    share: bool = False, one_pass: bool = False):
     """log q(c | x) for each prompt (left-padded, one forward, the LM head at the last
     position only): (B, C). With `share`, the prompts' shared prefixes run once
-    (`rlany.shared_prefix`: the same numbers)."""
+    (`rlany.shared_prefix`: the same numbers; `one_pass` as there)."""
     import torch
 
     from rlany.compat import accepts_logits_to_keep
@@ -144,7 +144,7 @@ def choice_logprobs(model, prompts: list[list[int]], tokens: list[int], pad_id: 
         from rlany.shared_prefix import shared_logits
         last = [len(p) - 1 for p in prompts]
         z = torch.stack([x[-1] for x in shared_logits(model, prompts, last, last, pad_id,
-                                                       device)])
+                                                       device, one_pass=one_pass)])
         return torch.log_softmax(z[:, tokens], -1)
 
     width = max(len(p) for p in prompts)
