@@ -1,5 +1,6 @@
 """`rlany train-rm`: update the generative reward model with consistency feedback
-(R = O + lambda * mean(S) from `rlany score`).
+(`rlany score`'s R = O + lambda * mean(S) for the sampled estimator; the exact objectives'
+target R is each scored step's `rm_target`, the trajectory's outcome O by default).
 
 A judge of bare verdicts (`judge --max-tokens 0`) is trained on each judged step's verdict
 token, its expected consistency reward computed exactly (`--objective expected`, the
