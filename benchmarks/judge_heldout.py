@@ -11,7 +11,8 @@ are compared step by step. For each run under the given directories: the base mo
 each iteration's reward-model adapter that is still on disk (`RUN/iter_*/rm`; the loop keeps
 the last `keep_last`); the verdict is the greedy choice between the two verdicts at their
 branch token (the judge's verdict when its temperature goes to 0). The gain's 95% interval
-is a bootstrap over tasks (steps of one task are correlated), 2,000 resamples.
+is a bootstrap over tasks (steps of one task are correlated), 2,000 resamples. The base
+judge's verdicts are computed once per runs directory (`judge_heldout_base.json` there).
 
 Writes RUN/judge_heldout.json, which `learning.py` reads into each run's summary.
 
@@ -21,6 +22,7 @@ Writes RUN/judge_heldout.json, which `learning.py` reads into each run's summary
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import sys
@@ -61,6 +63,29 @@ def bootstrap_gain(rows, labels, base, trained, n: int = 2000, seed: int = 0) ->
     return [round(diffs[int(0.025 * len(diffs))], 4), round(diffs[int(0.975 * len(diffs))], 4)]
 
 
+def digest(prompts) -> str:
+    """A fingerprint of the encoded prompts: a cached base result is reused only for them."""
+    return hashlib.sha256(json.dumps([list(map(int, p)) for p in prompts]).encode()).hexdigest()
+
+
+def base_verdicts(cache: Path, key: dict, compute) -> tuple[list[float], float]:
+    """The base model's P(+1) per step, computed once per runs directory (every seed's run
+    there compares against the same base judge on the same steps: ~4 minutes each on 2
+    cores saved); the cache holds its key and is recomputed when anything in it differs."""
+    if cache.exists():
+        saved = json.loads(cache.read_text())
+        if saved.get("key") == key:
+            return saved["p"], saved["seconds"]
+    t0 = time.time()
+    p = compute()
+    seconds = round(time.time() - t0, 1)
+    if cache.parent.is_dir() and not key.get("limit"):
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "p": p, "seconds": seconds}) + "\n")
+        tmp.replace(cache)
+    return p, seconds
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
@@ -82,9 +107,11 @@ def main(argv=None) -> int:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     prompts, at = encode(tok, rows)
     net = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
-    t0 = time.time()
-    base = p_positive(net, prompts, at, pad)
-    base_seconds = time.time() - t0
+    base, base_seconds = base_verdicts(args.runs[0].parent / "judge_heldout_base.json",
+                                       {"model": str(base_path), "seed": args.seed,
+                                        "steps": len(rows), "prompts": digest(prompts),
+                                        "limit": args.limit},
+                                       lambda: p_positive(net, prompts, at, pad))
     for run in args.runs:
         judges = {"base": {"bal_acc": round(balanced_accuracy(labels, base, None), 4),
                            "pos_share": round(sum(p > 0.5 for p in base) / len(base), 4)}}
