@@ -9,8 +9,9 @@ steps, about a tenth of them good, so one run's balanced accuracy moves by +-0.1
 every judge here sees the same 355 steps, a third of them good, so base and trained judges
 are compared step by step. For each run under the given directories: the base model and
 each iteration's reward-model adapter that is still on disk (`RUN/iter_*/rm`; the loop keeps
-the last `keep_last`); the verdict is the greedy choice between the two verdicts at their
-branch token (the judge's verdict when its temperature goes to 0). The gain's 95% interval
+the last `keep_last`), and a judge warm start's (`RUN/judge_warm_start/rm`, as "warm");
+the verdict is the greedy choice between the two verdicts at their branch token (the
+judge's verdict when its temperature goes to 0). The gain's 95% interval
 is a bootstrap over tasks (steps of one task are correlated), 2,000 resamples. The base
 judge's verdicts are computed once per runs directory (`judge_heldout_base.json` there).
 
@@ -116,20 +117,22 @@ def main(argv=None) -> int:
         judges = {"base": {"bal_acc": round(balanced_accuracy(labels, base, None), 4),
                            "pos_share": round(sum(p > 0.5 for p in base) / len(base), 4)}}
         final = None
-        for it_dir in sorted(run.glob("iter_*")):
+        # the judge warm start's supervised judge (if any), then each iteration's
+        for it_dir in [run / "judge_warm_start", *sorted(run.glob("iter_*"))]:
             adapter = it_dir / "rm"
             if not (adapter / "adapter_config.json").exists():
                 continue
             model = PeftModel.from_pretrained(net, str(adapter)).eval()
             p = p_positive(model, prompts, at, pad)
             net = model.unload()  # the base weights again, the adapter's layers out
-            judges[it_dir.name] = {
+            key = "warm" if it_dir.name == "judge_warm_start" else it_dir.name
+            judges[key] = {
                 "bal_acc": round(balanced_accuracy(labels, p, None), 4),
                 "pos_share": round(sum(x > 0.5 for x in p) / len(p), 4),
                 "gain": round(balanced_accuracy(labels, p, None)
                               - balanced_accuracy(labels, base, None), 4),
                 "gain_ci95": bootstrap_gain(rows, labels, base, p)}
-            final = it_dir.name
+            final = key
         result = {"what": "balanced accuracy of the judge's greedy verdict against the env's "
                           "step labels on the judge-capacity held-out steps",
                   "steps": len(rows), "good_steps": sum(x > 0 for x in labels),

@@ -33,7 +33,10 @@ With --warm-start every run starts from a warm start (rows "ARM [warm]"), the lo
 `warm_start = true`: the env's expert demonstrations on the config's task pool, in the
 prompts its rollout gives the policy (`rlany rollout --expert`), and `rlany sft` on them with
 the policy's LoRA shape (RUN/warm_start/). Such a row adds the warm start's own held-out
-success (eval_init.json) and RL's gain over it.
+success (eval_init.json) and RL's gain over it. With --judge-warm-start the judge starts
+from a supervised one (rows "ARM [judge-warm]", the loop's `judge_warm_start = true`); its
+held-out step accuracy is judge_heldout.py's "warm" judge. `judge_gain` counts only the
+untagged +rm arm (consistency feedback alone, no labels anywhere).
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
 """
 
@@ -318,6 +321,12 @@ def main() -> dict:
                         "the loop's warm_start = true (the env's expert demonstrations on "
                         "the task pool, `rlany sft` on them); rows add the warm start's "
                         "held-out success")
+    parser.add_argument("--judge-warm-start", action="store_true",
+                        help="start every run's judge from a supervised one (tag "
+                        "'judge-warm' unless --tag): the loop's judge_warm_start = true (the "
+                        "env's step labels on expert/random play of the pool, train-rm "
+                        "--objective logloss; RUN/judge_warm_start/). Not label-free: its "
+                        "rows are apart from judge_gain")
     parser.add_argument("--reduced", action="store_true",
                         help="seed 0, policy-only and full, 2 iterations (~25 min on 2 cores)")
     parser.add_argument("--report-only", action="store_true",
@@ -332,6 +341,9 @@ def main() -> dict:
     if args.warm_start:
         args.tag = args.tag or "warm"
         sets.append("warm_start=true")
+    if args.judge_warm_start:
+        args.tag = args.tag or "judge-warm"
+        sets.append("judge_warm_start=true")
     if args.reduced and args.readme:
         parser.error("--readme writes the full benchmark's table, not the reduced one's")
     if args.reduced:
@@ -352,7 +364,8 @@ def main() -> dict:
                 name = f"{arm.strip('+')}{f'-{args.tag}' if args.tag else ''}-s{seed}"
                 run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
                 run = Path(args.runs_dir) / name
-                if ("--rm-training" in ARMS[arm] and HOUSEHOLD_LEARN in args.config
+                judged = "--rm-training" in ARMS[arm] or args.judge_warm_start
+                if (judged and HOUSEHOLD_LEARN in args.config
                         and not (run / "judge_heldout.json").exists()):
                     # the trained judges on fixed held-out labelled steps: judge_gain
                     subprocess.run([sys.executable, str(Path(__file__).parent /

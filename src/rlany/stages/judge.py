@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from rlany.chat import text_of
 from rlany.engines import Engine, Request, Sampling, real_token_ids, stable_seed
-from rlany.errors import RlanyError
+from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
 from rlany.prompts import (
     VERDICT_MODES,
@@ -86,8 +86,17 @@ class JudgeOptions(EngineFields):
                       "of them.", choices=SELECTS)
     test_cpu_s: float = opt(2.0, "unit-tests: CPU seconds per program per test.", min=0,
                             min_exclusive=True)
+    labels: bool = opt(False, "No model: each step's m verdicts are the env's own step label "
+                       "(steps[t].info.label: household, alfworld, miniwob), in exactly the "
+                       "prompts the other flags give: labelled reward-model data for a judge "
+                       "warm start (then `score --rm-target label`, `train-rm --objective "
+                       "logloss`). Needs --max-tokens 0; a step without a label is an error.",
+                       scope="io")
 
     def check(self, name) -> None:
+        if self.labels and self.max_tokens != 0:
+            raise UsageError(f"{name('labels')} writes bare verdicts (the env's labels): it "
+                             f"needs {name('max_tokens')} 0")
         if self.max_tokens == 0 and (self.verdict != "constrained" or self.mode != "steps"):
             raise RlanyError(f"{name('max_tokens')} 0 (the verdict alone) needs "
                              f"{name('verdict')} constrained and {name('mode')} steps")
@@ -180,7 +189,8 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                         sampling=replace(opts.sampling, n=opts.m,
                                          seed=stable_seed(opts.seed, "judge", tid, k)))
                 for tid, steps in prompts.items() for k, p in steps]
-    results = iter(generate_verdicts(engine, requests, opts.verdict))
+    results = iter(_label_verdicts(batch, prompts, opts.m) if opts.labels
+                   else generate_verdicts(engine, requests, opts.verdict))
     real_ids = real_token_ids(engine)
     for group in batch:
         judgments = []
@@ -203,6 +213,41 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                                       judge=judge_info, steps=steps,
                                       responses_sha256=responses_digest(traj.steps)))
         yield judgments
+
+
+class LabelEngine:
+    """What `judge --labels` runs instead of a model: the verdicts are the env's labels."""
+    name = "labels"
+    model = "labels"
+    real_token_ids = False
+    choice = {"engine": "labels", "reason": "--labels: the env's step labels, no model"}
+
+    def __init__(self) -> None:
+        from rlany.engines import EngineStats
+
+        self.stats = EngineStats()
+
+
+def _label_verdicts(batch: list[list[Trajectory]], prompts: dict, m: int) -> Iterator:
+    """One result per judged step (the order of `prompts`): m copies of the verdict that
+    is the step's label."""
+    from rlany.engines import Completion, Result
+    from rlany.prompts import VERDICT_CHOICES
+
+    steps = {t.traj_id: t.steps for g in batch for t in g}
+    for tid, judged in prompts.items():
+        for k, _ in judged:
+            text = VERDICT_CHOICES[(1, -1).index(steps[tid][k].info["label"])]
+            yield Result(prompt_token_ids=[], completions=[
+                Completion(text=text, token_ids=[], finish_reason="stop") for _ in range(m)])
+
+
+def _check_labels(traj: Trajectory, where: str) -> None:
+    """`--labels`: every step carries the env's label, +1 or -1 (checked at read)."""
+    for k, step in enumerate(traj.steps):
+        if step.info.get("label") not in (1, -1):
+            raise RlanyError(f"step {k} of '{traj.traj_id}' has no env label (info.label "
+                             "+1/-1), so --labels has no verdict for it", where=where)
 
 
 def unused(group: list[Trajectory], select: str) -> str | None:
@@ -314,6 +359,8 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     from rlany.stages.pairing import groups
 
     started = time.time()
+    if opts.labels and (engine is not None or opts.adapter):
+        raise UsageError("--labels writes the env's labels: no model, so no --adapter")
     check_adapter(opts.adapter)
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
     reader = JsonlReader(path, Trajectory, "trajectories", name=opts.input)
@@ -325,11 +372,13 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         for where, t in reader:
             if t.traj_id in ids:
                 raise RlanyError(f"duplicate trajectory '{t.traj_id}'", where=where)
+            if opts.labels:
+                _check_labels(t, where)
             ids.add(t.traj_id)
             yield where, t, None
     for _ in groups(unique()):
         pass
-    engine = engine or start_engine(opts)
+    engine = LabelEngine() if opts.labels else engine or start_engine(opts)
     flags = engine_flags(opts, engine)
     with output_lock(opts.output):
         out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})

@@ -65,6 +65,7 @@ class Stage:
     forced: Callable[[Loop], dict] = lambda lp: {}
     # a trainer with nothing to learn from (NoSamples) is skipped: the model stays as it was
     may_skip: bool = False
+    config: str | None = None  # the config table, when not `table` (loop_config.EXTRA_TABLES)
 
 
 def _judged(cfg: LoopConfig) -> bool:
@@ -129,6 +130,32 @@ WARM_START = (  # runs/NAME/warm_start/, before the base evaluation
     Stage("sft", _ckpt, lambda lp, d, it: dict(
         input=f"{d}/demos.jsonl", output=f"{d}/sft", adapter=None), forced=_warm_shape),
 )
+def _judge_warm_shape(lp: Loop) -> dict:
+    from rlany.stages.loop_config import WARM_SHAPE
+
+    rm = lp.cfg.options("train_rm", input="-", output="-")
+    return {**{k: getattr(rm, k) for k in WARM_SHAPE}, "objective": "logloss"}
+
+
+JUDGE_WARM_START = (  # runs/NAME/judge_warm_start/, before the base evaluation
+    Stage("rollout", _meta, lambda lp, d, it: dict(
+        input=lp.cfg.tasks, output=f"{d}/steps.jsonl", adapter=None, iteration=0),
+        engine=False,  # the env's expert mixed with random actions: both labels, no model
+        forced=lambda lp: dict(expert=True, expert_p=JUDGE_WARM_P, n=JUDGE_WARM_N,
+                               sample_tasks=None, constrain_actions=False)),
+    Stage("judge", _meta, lambda lp, d, it: dict(
+        input=f"{d}/steps.jsonl", output=f"{d}/judgments.jsonl", adapter=None),
+        engine=False,  # the env's step labels as the verdicts, in the judge's prompts
+        forced=lambda lp: dict(labels=True, m=1, select="all", last_step_only=False)),
+    Stage("score", lambda o: meta_path(o.stats), lambda lp, d, it: dict(
+        input=f"{d}/steps.jsonl", output=f"{d}/scored.jsonl", stats=f"{d}/task_stats.jsonl",
+        judgments=f"{d}/judgments.jsonl"),
+        forced=lambda lp: dict(rm_target="label", rm_acc_min=0.0, rm_acc_max=1.0)),
+    Stage("train_rm", _ckpt, lambda lp, d, it: dict(
+        input=f"{d}/scored.jsonl", output=f"{d}/rm", adapter=None, iteration=0),
+        forced=_judge_warm_shape, config="judge_sft"),
+)
+JUDGE_WARM_P, JUDGE_WARM_N = 0.5, 4  # per pool task: 4 episodes, each action expert w.p. 0.5
 EVAL = Stage("eval", _meta, lambda lp, d, it: dict(
     input=lp.cfg.eval_tasks, output=f"{d}/eval.json", adapter=lp.latest("policy", it + 1),
     judge_adapter=lp.latest("rm", it + 1)))
@@ -186,12 +213,18 @@ class Loop:
             warm.mkdir(exist_ok=True)
             for stage in WARM_START:
                 yield stage, warm, 0, {}
+        if self.cfg.judge_warm_start:
+            warm = self.dir / "judge_warm_start"
+            warm.mkdir(exist_ok=True)
+            for stage in JUDGE_WARM_START:
+                yield stage, warm, 0, {}
         if self.cfg.eval_tasks:
             yield EVAL, self.dir, -1, dict(output=str(self.dir / "eval_base.json"),
                                            adapter=None, judge_adapter=None)
             if self.init_policy:  # the warm start before any RL
                 yield EVAL, self.dir, -1, dict(output=str(self.dir / "eval_init.json"),
-                                               adapter=self.init_policy, judge_adapter=None)
+                                               adapter=self.init_policy,
+                                               judge_adapter=self.init_rm)
         for it in range(self.cfg.iterations):
             yield from self.iteration(it)
 
@@ -202,7 +235,8 @@ class Loop:
         resolved = json.dumps(config, indent=2, sort_keys=True) + "\n"
         echo = self.dir / "config.json"
         started = any(self.dir.glob("iter_*")) or any(
-            (self.dir / name).exists() for name in ("eval_base.json", "warm_start"))
+            (self.dir / name).exists()
+            for name in ("eval_base.json", "warm_start", "judge_warm_start"))
         if echo.exists() and echo.read_text() != resolved and started:
             # a key added to the config format since the run started counts at its default
             old = json.loads(echo.read_text())
@@ -238,7 +272,7 @@ class Loop:
         from rlany.options import to_argv
 
         command = BY_TABLE[stage.table]
-        opts = self.cfg.options(stage.table, **{**stage.io(self, d, it), **io})
+        opts = self.cfg.options(stage.config or stage.table, **{**stage.io(self, d, it), **io})
         opts = dataclasses.replace(opts, **stage.forced(self))
         skipped = d / f"{stage.table}.skipped.json"
         if stage.done(opts).exists() or skipped.exists():
@@ -293,11 +327,12 @@ class Loop:
         """The checkpoint of `kind` that iteration `before` starts from: the one trained by
         the newest iteration before it (an iteration whose training had no samples passes
         its own start on); before any, the policy's is `init_policy` (a warm start) or None
-        (the base model), and the reward model's None. A checkpoint that should be there
+        (the base model), and the reward model's `init_rm` (the judge warm start) or None. A
+        reward model that is not trained stays `init_rm`. A checkpoint that should be there
         and is not (deleted, pruned, incomplete, damaged) is an error naming it: the loop
         never falls back to an older model or to the base model."""
         if kind == "rm" and not self.cfg.rm_training:
-            return None
+            return self.init_rm
         for it in range(before - 1, -1, -1):
             d = self.dir / f"iter_{it:03d}"
             ckpt = d / kind
@@ -314,7 +349,7 @@ class Loop:
                              "incomplete (no rlany.json); the loop will not fall back to an "
                              "older or the base model", where=str(ckpt),
                              hint="restore it, or start a new run with another --name")
-        return self.init_policy if kind == "policy" else None
+        return self.init_policy if kind == "policy" else self.init_rm
 
     def _check_checkpoint(self, ckpt: Path, kind: str) -> None:
         from rlany.stageio import check_adapter
@@ -328,6 +363,11 @@ class Loop:
         if self.cfg.warm_start:
             return str(self.dir / "warm_start" / "sft")
         return self.cfg.init_policy
+
+    @property
+    def init_rm(self) -> str | None:
+        """The judge adapter iteration 0 starts from: the judge warm start's, or None."""
+        return str(self.dir / "judge_warm_start" / "rm") if self.cfg.judge_warm_start else None
 
     def _finish_iteration(self, d: Path, it: int) -> None:
         from rlany.jsonl import write_text_atomic

@@ -27,6 +27,11 @@ def _run_keys() -> dict[str, Any]:
     return keys
 
 
+# config tables beyond one per command: a second use of a command's options
+EXTRA_TABLES = {"judge_sft": "train_rm"}  # the judge warm start's train-rm
+TABLES = {**BY_TABLE, **{table: BY_TABLE[of] for table, of in EXTRA_TABLES.items()}}
+
+
 @dataclass
 class LoopConfig:
     name: str
@@ -38,6 +43,9 @@ class LoopConfig:
     eval_every: int = 1
     init_policy: str | None = None  # a LoRA adapter (e.g. `rlany sft`'s) iteration 0 starts from
     warm_start: bool = False  # make one first: the env's expert on the pool, then sft
+    # a supervised judge first: the env's step labels on expert/random play of the pool,
+    # then train-rm toward them ([judge_sft]: its flags); not the paper's label-free judge
+    judge_warm_start: bool = False
     step_feedback: bool = True
     rm_training: bool = True
     env_adaptation: bool = True
@@ -60,7 +68,7 @@ class LoopConfig:
         """The options object of one stage: run keys + its table + what the loop sets."""
         from rlany.options import from_table, specs
 
-        cls = BY_TABLE[table].options
+        cls = TABLES[table].options
         fields = specs(cls)
         run = {k: v for k, v in self.run.items() if k in fields and fields[k][2].scope == "run"}
         return from_table(cls, self.tables.get(table, {}), self.path, table, **run, **io)
@@ -129,7 +137,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
     raw.update(overrides)
     for item in sets:
         _apply_set(raw, item)
-    tables, run_keys, loop_keys = BY_TABLE, _run_keys(), LoopConfig.keys()
+    tables, run_keys, loop_keys = TABLES, _run_keys(), LoopConfig.keys()
     top: dict[str, Any] = {}
     run: dict[str, Any] = {}
     sections: dict[str, dict] = {}
@@ -158,6 +166,8 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
         _check_init_policy(cfg)
     if cfg.warm_start:
         _check_warm_start(cfg)
+    if cfg.judge_warm_start:
+        _check_judge_warm_start(cfg)
     if cfg.tables.get("train_policy", {}).get("full") and (cfg.init_policy or cfg.warm_start):
         raise RlanyError(f"{'init_policy is' if cfg.init_policy else 'warm_start makes'} a LoRA "
                          "adapter; [train_policy] full = true cannot continue it",
@@ -227,6 +237,23 @@ def _check_warm_start(cfg: LoopConfig) -> None:
                          where=cfg.path, hint="set them in [train_policy]")
 
 
+def _check_judge_warm_start(cfg: LoopConfig) -> None:
+    judge = cfg.tables.get("judge", {})
+    if judge.get("max_tokens") != 0 or judge.get("mode", "steps") != "steps":
+        raise RlanyError("judge_warm_start = true trains the verdict alone: it needs [judge] "
+                         "max_tokens = 0 (and mode \"steps\")", where=cfg.path)
+    if cfg.tables.get("train_rm", {}).get("full"):
+        raise RlanyError("judge_warm_start makes a LoRA adapter; [train_rm] full = true "
+                         "cannot continue it", where=cfg.path)
+    shaped = [k for k in (*WARM_SHAPE, "full", "adapter", "objective")
+              if k in cfg.tables.get("judge_sft", {})]
+    if shaped:
+        raise RlanyError(f"[judge_sft] {', '.join(shaped)}: the warm judge's LoRA is the "
+                         "one train-rm continues, so it takes [train_rm]'s shape, and its "
+                         "objective is logloss on the labels", where=cfg.path,
+                         hint="set the shape in [train_rm]")
+
+
 def _apply_set(raw: dict[str, Any], item: str) -> None:
     """One `--set KEY=VALUE` into the parsed config; a VALUE that is not TOML is a string."""
     key, eq, text = item.partition("=")
@@ -240,9 +267,9 @@ def _apply_set(raw: dict[str, Any], item: str) -> None:
         value = text.strip()
     table, _, name = key.rpartition(".")
     if table:
-        if table not in BY_TABLE:
+        if table not in TABLES:
             raise UsageError(f"--set {item!r}: no table [{table}]",
-                             hint=f"tables: {', '.join(BY_TABLE)}")
+                             hint=f"tables: {', '.join(TABLES)}")
         section = raw.setdefault(table, {})
         if not isinstance(section, dict):
             raise UsageError(f"--set {item!r}: [{table}] is not a table")

@@ -82,6 +82,12 @@ class RolloutOptions(EpisodeFields):
                        "sft`, in the prompts this rollout's flags give (--history-turns, "
                        "--max-steps). Needs --n 1; no model is loaded, so the sampling and "
                        "engine flags do not apply.", scope="io")
+    expert_p: float | None = opt(None, "With --expert: each action is the expert's with "
+                                 "probability P, else a uniformly random admissible action "
+                                 "(seeded by --seed, task, sample and turn; envs with "
+                                 "choices()), so the n episodes of a task differ and their "
+                                 "steps carry both labels: labelled data for a judge warm "
+                                 "start. Allows --n > 1.", min=0, max=1, scope="io")
 
     @property
     def sampling(self) -> Sampling:
@@ -153,7 +159,7 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
                                              seed=stable_seed(opts.seed, g[0].task.task_id,
                                                              opts.iteration, turn, g[0].sample)),
                             adapter=opts.adapter) for g in members]
-        results = ([_expert_result(g[0], len(g)) for g in members] if opts.expert
+        results = ([_expert_result(g, opts, turn) for g in members] if opts.expert
                    else engine.generate(requests))
         for group, result in zip(members, results):
             for e, completion in zip(group, result.completions):
@@ -168,20 +174,38 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
         yield [_trajectory(e, opts, policy) for e in group]
 
 
-def _has_expert(task: Task) -> None:
-    """`--expert`: every task's env must have one (checked at read, with the line)."""
+def _has_expert(task: Task, mixed: bool = False) -> None:
+    """`--expert`: every task's env must have one, and with `--expert-p` list its actions
+    (checked at read, with the line)."""
     from rlany import envs
 
-    if not isinstance(envs.make_env(task.env), envs.HasExpert):
+    env = envs.make_env(task.env)
+    if not isinstance(env, envs.HasExpert):
         raise RlanyError(f"environment '{task.env}' has no expert (no expert_action() "
                          "method), so --expert cannot be used with it")
+    if mixed and not isinstance(env, envs.ListsActions):
+        raise RlanyError(f"environment '{task.env}' does not list its actions (no choices() "
+                         "method), so --expert-p has no random actions to mix in")
 
 
-def _expert_result(e: _Episode, n: int) -> Result:
-    """The env's expert action as `n` identical completions (no model, no token ids)."""
-    text = e.env.expert_action() or ""  # no plan from here: an empty response, rejected
+def _expert_result(group: list[_Episode], opts: RolloutOptions, turn: int) -> Result:
+    """The env's expert action for each episode of a group (episodes in one state): the
+    same plan for all, or with `expert_p` each episode's own draw between the expert's
+    action and a random admissible one. No model, no token ids."""
+    import random
+
+    expert = group[0].env.expert_action() or ""  # no plan from here: empty, rejected
+    texts = [expert] * len(group)
+    if opts.expert_p is not None:
+        actions = _choices(group[0])
+        texts = []
+        for e in group:
+            rng = random.Random(stable_seed(opts.seed, e.task.task_id, opts.iteration, turn,
+                                            e.sample, "expert_p"))
+            texts.append(expert if expert and rng.random() < opts.expert_p
+                         else rng.choice(actions))
     return Result(prompt_token_ids=[], completions=[
-        Completion(text=text, token_ids=[], finish_reason="stop") for _ in range(n)])
+        Completion(text=t, token_ids=[], finish_reason="stop") for t in texts])
 
 
 class ExpertEngine:
@@ -293,12 +317,14 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     started = time.time()
     if opts.expert and (engine is not None or opts.adapter):
         raise UsageError("--expert plays the env's expert: no model, so no --adapter")
-    if opts.expert and opts.n != 1:
+    if opts.expert_p is not None and not opts.expert:
+        raise UsageError("--expert-p mixes the expert with random actions: it needs --expert")
+    if opts.expert and opts.expert_p is None and opts.n != 1:
         raise UsageError(f"--expert plays one deterministic plan per task: --n {opts.n} would "
-                         "repeat it; use --n 1")
+                         "repeat it; use --n 1 (or --expert-p to mix in random actions)")
     tasks, reader, engine = begin_generation(
         opts, {"--output": opts.output}, ExpertEngine() if opts.expert else engine,
-        check=_has_expert if opts.expert else None)
+        check=(lambda t: _has_expert(t, opts.expert_p is not None)) if opts.expert else None)
     input_tasks, tasks = len(tasks), sample_tasks(tasks, opts)
     flags = engine_flags(opts, engine)
     with output_lock(opts.output):

@@ -127,7 +127,8 @@ def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
                     f"{record['loss']:+.4f}{ppo} grad {record['grad_norm']:.3f} "
                     f"{record['tokens_per_s']:.0f} tok/s")
 
-        meta = {"kind": plan.kind, "base_model": base, "init_adapter": opts.adapter,
+        meta = {"kind": plan.kind, "objective": plan.objective, "base_model": base,
+                "init_adapter": opts.adapter,
                 "iteration": opts.iteration, "data": opts.input,
                 "data_sha256": sha256_file(path), "samples": len(samples),
                 "dropped_too_long": dropped, "dtype": opts.dtype,

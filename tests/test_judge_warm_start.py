@@ -1,0 +1,168 @@
+"""The judge warm start: expert/random play with both step labels (`rollout --expert-p`),
+the env's labels as the judge's verdicts (`judge --labels`), and a loop whose judge starts
+from `train-rm --objective logloss` on them (`judge_warm_start = true`)."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import make_traj, read_jsonl, write_jsonl
+from rlany.envs.household import make_tasks
+
+LEARN = "examples/household/learn_tasks.jsonl"
+
+
+def _tasks(tmp_path, n=6):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(open(LEARN).readlines()[:n]))
+    return path
+
+
+def test_expert_p_mixes_random_actions_with_both_labels(tmp_path, cli):
+    tasks = _tasks(tmp_path)
+    flags = ["--expert", "--expert-p", "0.5", "--n", "4", "--max-steps", "4",
+             "--history-turns", "1", "--seed", "3"]
+    r = cli("rollout", "-i", str(tasks), "-o", str(tmp_path / "a.jsonl"), *flags)
+    assert r.returncode == 0, r.stderr
+    trajs = read_jsonl(tmp_path / "a.jsonl")
+    assert len(trajs) == 24
+    labels = [s["info"]["label"] for t in trajs for s in t["steps"]]
+    assert labels.count(1) >= 10 and labels.count(-1) >= 10
+    assert {t["outcome"] for t in trajs} == {1, -1}
+    # the 4 episodes of a task differ (each draws its own actions) ...
+    by_task = {}
+    for t in trajs:
+        by_task.setdefault(t["task_id"], set()).add(tuple(s["response"] for s in t["steps"]))
+    assert sum(len(v) > 1 for v in by_task.values()) >= 4
+    # ... and are seeded: a rerun draws the same ones
+    r = cli("rollout", "-i", str(tasks), "-o", str(tmp_path / "b.jsonl"), *flags)
+    assert r.returncode == 0, r.stderr
+    assert [t["steps"] for t in read_jsonl(tmp_path / "b.jsonl")] == [t["steps"] for t in trajs]
+    # p = 1 is the expert alone (every step good), p = 0 never asks it for an action
+    r = cli("rollout", "-i", str(tasks), "-o", str(tmp_path / "c.jsonl"), "--expert",
+            "--expert-p", "1", "--n", "2", "--max-steps", "4")
+    assert r.returncode == 0, r.stderr
+    assert all(s["info"]["label"] == 1 for t in read_jsonl(tmp_path / "c.jsonl")
+               for s in t["steps"])
+    # --expert-p without --expert is a usage error; an env without listed actions fails at read
+    r = cli("rollout", "-i", str(tasks), "-o", str(tmp_path / "d.jsonl"), "--expert-p", "0.5")
+    assert r.returncode == 2 and "--expert" in r.stderr and not list(tmp_path.glob("d.jsonl*"))
+
+
+def test_judge_labels_writes_the_env_labels_as_verdicts(tmp_path, cli):
+    tasks = _tasks(tmp_path, 4)
+    steps = tmp_path / "steps.jsonl"
+    r = cli("rollout", "-i", str(tasks), "-o", str(steps), "--expert", "--expert-p", "0.5",
+            "--n", "3", "--max-steps", "4", "--history-turns", "1")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "judgments.jsonl"
+    r = cli("judge", "-i", str(steps), "-o", str(out), "--labels", "--m", "1",
+            "--max-tokens", "0", "--history-steps", "1", "--obs-lines", "1")
+    assert r.returncode == 0, r.stderr
+    trajs, judgments = read_jsonl(steps), read_jsonl(out)
+    assert [j["traj_id"] for j in judgments] == [t["traj_id"] for t in trajs]
+    for t, j in zip(trajs, judgments):
+        assert [s["step"] for s in j["steps"]] == list(range(len(t["steps"])))
+        for s in j["steps"]:
+            assert len(s["samples"]) == 1 and s["judge_messages"]
+            assert s["samples"][0]["score"] == t["steps"][s["step"]]["info"]["label"]
+            assert s["samples"][0]["text"] in ("\\boxed{+1}", "\\boxed{-1}")
+    meta = json.loads((tmp_path / "judgments.meta.json").read_text())
+    assert meta["counts"]["label_accuracy"] == 1.0
+    assert meta["flags"]["engine_resolved"]["engine"] == "labels"
+    # the judge's prompts are the model judge's (same flags, same messages)
+    from rlany.records import Trajectory, from_json
+    from rlany.stages.judge import step_prompts
+    first = from_json(Trajectory, trajs[0])
+    assert [s["judge_messages"] for s in judgments[0]["steps"]] == step_prompts(first, 1, 1)
+    # a step without a label (an env that gives none) fails at its line, nothing written
+    plain = write_jsonl(tmp_path / "plain.jsonl", [make_traj("a", 0, 1)])
+    r = cli("judge", "-i", str(plain), "-o", str(tmp_path / "x.jsonl"), "--labels",
+            "--max-tokens", "0")
+    assert r.returncode == 1 and f"{plain}:1:" in r.stderr and "label" in r.stderr
+    assert not list(tmp_path.glob("x.jsonl*"))
+    # --labels calls no model: an adapter or a reasoning judge is a usage error
+    r = cli("judge", "-i", str(steps), "-o", str(tmp_path / "y.jsonl"), "--labels",
+            "--max-tokens", "16")
+    assert r.returncode == 2 and "--labels" in r.stderr
+
+
+def _config(tmp_path, tiny_model, judge_max_tokens=0, **switches):
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(4, seed=5))
+    evals = write_jsonl(tmp_path / "eval.jsonl", make_tasks(2, seed=6, split="eval"))
+    lines = ['name = "jw"', f'runs_dir = "{tmp_path / "runs"}"', "iterations = 1",
+             f'tasks = "{tasks}"', f'eval_tasks = "{evals}"', f'model = "{tiny_model}"',
+             'engine = "fake"', "keep_last = 1", "judge_warm_start = true",
+             "env_adaptation = false"]
+    lines += [f"{k} = {str(v).lower()}" for k, v in switches.items()]
+    lines += ["[rollout]", "n = 4", "max_steps = 3", "history_turns = 1",
+              "[judge]", "m = 3", f"max_tokens = {judge_max_tokens}", "history_steps = 1",
+              "[train_policy]", "micro_batch = 4", "grad_accum = 1", "lora_r = 4",
+              "[train_rm]", "micro_batch = 8", "grad_accum = 1", "lora_r = 4", "max_steps = 1",
+              "[judge_sft]", "micro_batch = 8", "grad_accum = 1", "max_steps = 2",
+              "lr = 1e-3", "[eval]", "n = 2"]
+    path = tmp_path / "loop.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _responder(request, k):
+    """A fake household policy (one fixed admissible action) and a judge that disagrees
+    with itself, so the reward model has data."""
+    if "## The agent's response" in request.messages[-1]["content"]:
+        return ["\\boxed{+1}", "\\boxed{-1}"][k % 2]
+    return "look" if k % 2 else "inventory"
+
+
+def _run(config, **kw):
+    from rlany.engines.fake import FakeEngine
+    from rlany.stages.loop import Loop, load_config
+
+    cfg = load_config(config, kw)
+    loop = Loop(cfg, config)
+    loop._engine = FakeEngine(_responder, model="fake")
+    loop.run()
+    return loop
+
+
+def test_loop_judge_warm_start_is_the_judge_iteration_0_starts_from(tmp_path, tiny_model):
+    loop = _run(_config(tmp_path, tiny_model))
+    warm = loop.dir / "judge_warm_start"
+    for name in ("steps.jsonl", "judgments.jsonl", "scored.jsonl", "rm/rlany.json"):
+        assert (warm / name).exists(), name
+    # supervised: every judged step of every task has its label as the target
+    scored = read_jsonl(warm / "scored.jsonl")
+    targets = [s["rm_target"] for t in scored for s in t["steps"]]
+    trajs = read_jsonl(warm / "steps.jsonl")
+    assert targets == [s["info"]["label"] for t in trajs for s in t["steps"]]
+    meta = json.loads((warm / "rm" / "rlany.json").read_text())
+    assert meta["kind"] == "rm" and meta["objective"] == "logloss"
+    assert meta["samples"] == len(targets)
+    # iteration 0 judged with it (its train-rm, skipped here for want of data, continues it)
+    it0 = loop.dir / "iter_000"
+    assert read_jsonl(it0 / "judgments.jsonl")[0]["judge"]["adapter"] == str(warm / "rm")
+    assert json.loads((it0 / "judgments.meta.json").read_text())["flags"]["adapter"] \
+        == str(warm / "rm")
+    assert loop.latest("rm", 0) == str(warm / "rm")
+    assert json.loads((it0 / "eval.meta.json").read_text())["flags"]["judge_adapter"] \
+        == str(warm / "rm")
+    # a judge that is not trained stays the warm one (the eval's judge included)
+    loop2 = _run(_config(tmp_path, tiny_model, rm_training=False), name="jw-fixed")
+    it0 = loop2.dir / "iter_000"
+    assert read_jsonl(it0 / "judgments.jsonl")[0]["judge"]["adapter"] == \
+        str(loop2.dir / "judge_warm_start" / "rm")
+    assert not (it0 / "rm").exists()
+
+
+def test_judge_warm_start_config_is_checked_at_load(tmp_path, tiny_model):
+    import pytest
+
+    from rlany.errors import RlanyError
+    from rlany.stages.loop_config import load_config
+
+    with pytest.raises(RlanyError, match="max_tokens = 0"):
+        load_config(_config(tmp_path, tiny_model, judge_max_tokens=16))
+    with pytest.raises(RlanyError, match=r"\[judge_sft\] lora_r"):
+        load_config(_config(tmp_path, tiny_model), sets=["judge_sft.lora_r=8"])
+    cfg = load_config(_config(tmp_path, tiny_model), sets=["judge_sft.epochs=3"])
+    assert cfg.options("judge_sft", input="-", output="-").epochs == 3
