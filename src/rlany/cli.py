@@ -201,7 +201,7 @@ def envs_make_tasks(
     import inspect
 
     from rlany import envs
-    from rlany.jsonl import AtomicJsonl, write_meta
+    from rlany.outputs import AtomicJsonl, write_meta
     from rlany.stageio import prepare_paths, read_tasks
 
     started = time.time()

@@ -310,12 +310,13 @@ def engine_flags(opts: Any, engine: Any) -> dict:
 
 def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
     """Usage errors before anything is read or written: an output that is not a regular
-    file (`jsonl.check_target`: a device, a FIFO, a directory), an output (or its
+    file (`outputs.check_target`: a device, a FIFO, a directory), an output (or its
     `.meta.json` sidecar) that names an input file or an input's sidecar (writing it would
     destroy the input or its provenance), two outputs naming one file, or more than one
     input or output on stdin/stdout. The same file under two names (a symlink, a hard
     link) counts as one. Keys are the flags, for the message."""
-    from rlany.jsonl import check_target, meta_path
+    from rlany.jsonl import meta_path
+    from rlany.outputs import check_target
 
     for group, what in ((inputs, "stdin"), (outputs, "stdout")):
         dashes = [flag for flag, p in group.items() if p == "-"]

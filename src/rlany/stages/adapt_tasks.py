@@ -334,7 +334,7 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     """Accept/reject pending candidates, then propose new ones; write pool + candidates."""
     from rlany import envs
     from rlany.console import info
-    from rlany.jsonl import atomic_outputs, write_meta
+    from rlany.outputs import atomic_outputs, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapt_inputs,

@@ -347,7 +347,8 @@ def unit_test_counts(group: list[Judgment], outcomes: dict[str, int]) -> dict[st
 def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     """Read trajectories, judge them (resuming a partial output), write judgments."""
     from rlany.console import info, progress
-    from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
+    from rlany.jsonl import JsonlReader
+    from rlany.outputs import ResumableJsonl, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,

@@ -366,7 +366,8 @@ def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
 def run(opts: ScoreOptions, engine: object = None) -> dict:
     """Stream trajectories (+ judgments) one task group at a time; write scored + stats."""
     from rlany.console import info
-    from rlany.jsonl import JsonlReader, atomic_outputs, write_meta
+    from rlany.jsonl import JsonlReader
+    from rlany.outputs import atomic_outputs, write_meta
     from rlany.stageio import check_judged, prepare_paths
 
     started = time.time()
