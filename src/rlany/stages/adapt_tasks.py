@@ -335,15 +335,13 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     from rlany import envs
     from rlany.console import info
     from rlany.outputs import atomic_outputs, write_meta
+    from rlany.provenance import check_adapt_inputs, judged_tasks, sha256_file
     from rlany.stageio import (
         GEN_VERSIONS,
-        check_adapt_inputs,
         check_adapter,
-        judged_tasks,
         prepare_paths,
         read_stats,
         read_tasks,
-        sha256_file,
         start_engine,
     )
 

@@ -368,7 +368,8 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
     from rlany.console import info
     from rlany.jsonl import JsonlReader
     from rlany.outputs import atomic_outputs, write_meta
-    from rlany.stageio import check_judged, prepare_paths
+    from rlany.provenance import check_judged
+    from rlany.stageio import prepare_paths
 
     started = time.time()
     stats = opts.stats_path
