@@ -27,7 +27,8 @@ def main() -> dict:
     from rlany.engines import EngineConfig, Request, Sampling, make_engine
     from rlany.envs.household import make_tasks
     from rlany.models import resolve_model
-    from rlany.stages.judge import JudgeOptions, judge, step_prompts
+    from rlany.prompts import step_prompts
+    from rlany.stages.judge import JudgeOptions, judge
     from rlany.stages.rollout import RolloutOptions, rollout
 
     engine = make_engine(EngineConfig(kind="vllm", model=resolve_model("smollm2"),

@@ -6,7 +6,7 @@ The gate separates "a 135M judge cannot learn this" from "it is not being taught
    `examples/household/learn.toml`, played by a mix of the env's expert and a uniform
    random admissible action (p_expert per episode in {0, .25, .5, .75, 1}), in exactly the
    policy's prompts (`rlany.stages.rollout`'s episode code, learn.toml's rollout flags) and then the
-   judge's prompts (`rlany.stages.judge.step_prompts`, learn.toml's judge flags: history 1, obs
+   judge's prompts (`rlany.prompts.step_prompts`, learn.toml's judge flags: history 1, obs
    lines 1). Each step carries the env's label (+1 iff it shortens the shortest plan).
 2. One forward pass of SmolLM2-135M over every prompt (+ the forced `\\boxed{` prefix) keeps
    (a) the last position's hidden state at every layer, for linear probes, and (b) the whole
@@ -86,7 +86,7 @@ def episodes(tasks_path: Path, per_task: int, seed: int) -> list:
 
 def judged_steps(trajectories: list) -> list[dict]:
     """{messages, label, outcome, task} per step, the judge prompt as learn.toml builds it."""
-    from rlany.stages.judge import step_prompts
+    from rlany.prompts import step_prompts
 
     rows = []
     for tr in trajectories:

@@ -13,8 +13,9 @@ from rlany.envs.household import make_tasks as house_tasks
 from rlany.envs.reasoning import make_tasks
 from rlany.prompts import parse_verdict
 from rlany.records import TaskStats
-from rlany.stages.adapt_tasks import AdaptOptions, parse_spec, propose
+from rlany.stages.adapt_tasks import AdaptOptions, propose
 from rlany.stages.judge import JudgeOptions, judge
+from rlany.stages.rewrites import parse_spec
 from rlany.stages.rollout import RolloutOptions, rollout
 
 # text biased toward the syntax the parsers look for

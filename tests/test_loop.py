@@ -14,8 +14,9 @@ from rlany.engines.fake import FakeEngine
 from rlany.envs.reasoning import make_tasks
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task, TaskStats
-from rlany.stages.adapt_tasks import AdaptOptions, acceptance, decide, parse_spec
+from rlany.stages.adapt_tasks import AdaptOptions, acceptance, decide
 from rlany.stages.loop import Loop, load_config
+from rlany.stages.rewrites import parse_spec
 
 OPTS = AdaptOptions(alpha_high=0.8, alpha_low=0.2)
 

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import make_judgment, make_traj, read_jsonl, write_jsonl
 from rlany.errors import RlanyError
-from rlany.stages.score import ScoreOptions, score_group, score_stream, standardize
+from rlany.stages.advantages import standardize
+from rlany.stages.score import ScoreOptions, score_group, score_stream
 
 
 def located(records):

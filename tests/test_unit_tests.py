@@ -8,9 +8,10 @@ from conftest import read_jsonl
 from rlany.engines.fake import FakeEngine
 from rlany.envs.coding import CodingEnv, make_tasks
 from rlany.prompts import parse_unit_test
-from rlany.stages.judge import JudgeOptions, judge, unit_test_counts
+from rlany.stages.judge import JudgeOptions, judge
 from rlany.stages.rollout import RolloutOptions, rollout
 from rlany.stages.score import ScoreOptions, score_stream
+from rlany.stages.unit_tests import unit_test_counts
 from rlany.training.samples import rm_samples
 
 

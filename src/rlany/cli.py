@@ -201,7 +201,7 @@ def envs_make_tasks(
     import inspect
 
     from rlany import envs
-    from rlany.jsonl import AtomicJsonl, write_meta
+    from rlany.outputs import AtomicJsonl, write_meta
     from rlany.stageio import prepare_paths, read_tasks
 
     started = time.time()
@@ -351,16 +351,20 @@ def main(argv: list[str] | None = None) -> None:
         console.print("[red]terminated[/]" if terminated else "[red]interrupted[/]")
         code = 143 if terminated else 130
     if code in (130, 143):
-        # stop now: exit handlers run (temp copies of stdin removed), but worker threads
-        # still blocked on a server or a file are not waited for
-        import atexit
-
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except (OSError, ValueError):
-                pass
-        atexit._run_exitfuncs()
-        os._exit(code)
+        _stop_now(code)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _stop_now(code: int) -> None:
+    """Exit after an interrupt: exit handlers run (temp copies of stdin removed), but
+    worker threads still blocked on a server or a file are not waited for."""
+    import atexit
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    atexit._run_exitfuncs()
+    os._exit(code)

@@ -1,9 +1,10 @@
 """Prompt templates of the reward model, and the parser of its verdicts.
 
 The judge sees the task (the policy's first user message), the recent history, the current
-observation, the policy's response and what the environment answered, reasons, and ends
-with `\\boxed{+1}` (a good step) or `\\boxed{-1}` (a bad step). `parse_verdict` maps its
-text to +1, -1 or 0 (unparseable): it never raises, whatever the model wrote.
+observation, the policy's response and what the environment answered (`step_prompts` builds
+each step's prompt from a trajectory), reasons, and ends with `\\boxed{+1}` (a good step)
+or `\\boxed{-1}` (a bad step). `parse_verdict` maps its text to +1, -1 or 0 (unparseable):
+it never raises, whatever the model wrote.
 `generate_verdicts` draws the judge's samples so that every verdict can be read
 (`--verdict constrained`, DESIGN section 4): free reasoning, then a constrained verdict.
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlany.engines import Completion, Engine, Request, Result
+    from rlany.records import Trajectory
 
 JUDGE_SYSTEM = (
     "You are a careful reviewer of an AI agent's work. You judge one step at a time: "
@@ -64,6 +66,45 @@ def judge_messages(task: str, history: list[str], obs: str, response: str,
                 f"{len(next_images)} the screen after it.)\n\n{user}")
     return [{"role": "system", "content": JUDGE_SYSTEM},
             {"role": "user", "content": user_content(user, [*images, *next_images])}]
+
+
+def step_prompts(traj: Trajectory, history_steps: int, obs_lines: int = 0
+                 ) -> list[list[dict]]:
+    """The judge prompt of every step of one trajectory.
+
+    The task is the policy's first user message; at step 0 its observation part is left out
+    (the prompt shows the observation anyway), and at later steps it is cut to `obs_lines`
+    lines (0: whole), as is what happened next. Earlier steps are listed as the action and
+    the first line of what the env answered (the full state is in the current observation).
+    """
+    from rlany.chat import text_of
+
+    prompts = []
+    obs0 = traj.steps[0].obs if traj.steps else ""
+    for t, step in enumerate(traj.steps):
+        first_user = next((text_of(m["content"]) for m in step.prompt_messages
+                           if m["role"] == "user"), "")
+        if obs0 and first_user.endswith(obs0):
+            head = first_user[:-len(obs0)]
+            if t == 0:
+                first_user = head.strip() or first_user
+            elif obs_lines:
+                first_user = head + _lines(obs0, obs_lines)
+        next_obs = _lines(step.next_obs, obs_lines) if obs_lines else step.next_obs
+        earlier = traj.steps[max(0, t - history_steps):t]
+        history = [f"step {t - len(earlier) + k}: {clip(s.action or s.response, 300)} -> "
+                   f"{clip(_first_line(s.next_obs), 300)}" for k, s in enumerate(earlier)]
+        prompts.append(judge_messages(first_user, history, step.obs, step.response,
+                                      next_obs, step.images, step.next_images))
+    return prompts
+
+
+def _lines(text: str, n: int) -> str:
+    return "\n".join(text.splitlines()[:n])
+
+
+def _first_line(text: str) -> str:
+    return next((line for line in text.splitlines() if line.strip()), "")
 
 
 _BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")

@@ -1,6 +1,7 @@
-"""File plumbing shared by the stage drivers: inputs checked and read once, the engine
-started from a stage's options, and the sidecar helpers. The stage modules hold the logic;
-this module holds no math and no stage-specific rule.
+"""File plumbing shared by the stage drivers: inputs checked and read once, adapters checked
+and the engine started from a stage's options. The stage modules hold the logic; this module
+holds no math and no stage-specific rule (whether two inputs belong together is
+`rlany.provenance`).
 
 * `check_paths` refuses an output that would overwrite an input; `spool_input` copies stdin
   (or a named pipe) to a temp file, for a stage that reads its input twice; `output_lock`
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import shutil
 import stat
@@ -100,86 +100,6 @@ def read_stats(path: str | Path, name: str | None = None,
                              hint="give the task_stats.jsonl of a rollout of this pool")
         stats[s.task_id] = s
     return stats
-
-
-# -- provenance: do two inputs come from the same run? ------------------------------------
-
-def sidecar(path: str | Path) -> dict | None:
-    """The `.meta.json` of an input (None: hand-made data, or stdin)."""
-    import json
-
-    from rlany.jsonl import meta_path
-
-    meta = meta_path(path)
-    if str(path) == "-" or not meta.is_file():
-        return None
-    try:
-        data = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise RlanyError("unreadable sidecar metadata", where=str(meta)) from None
-    return data if isinstance(data, dict) else None
-
-
-def _source(meta: dict | None, stage: str, index: int = 0) -> str | None:
-    """The sha256 of input `index` that a `stage` sidecar records (None where unknown)."""
-    if not meta or meta.get("stage") != stage:
-        return None
-    inputs = meta.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) <= index or not isinstance(
-            inputs[index], dict):
-        return None
-    sha = inputs[index].get("sha256")
-    return sha if isinstance(sha, str) else None
-
-
-def check_judged(trajectories: str, judgments: str, names: tuple[str, str]) -> None:
-    """Judgments whose sidecar names the trajectories they were made from must name this
-    trajectories file (by content digest). Without a sidecar, `pairing.check_judgment`
-    still compares each judgment's responses digest with its trajectory's."""
-    judged = _source(sidecar(judgments), "judge")
-    if judged is not None and judged != sha256_file(trajectories):
-        raise RlanyError(f"these judgments were made from another trajectories file "
-                         f"(sha256 {judged[:12]}), not from {names[0]}", where=names[1],
-                         hint="judge these trajectories, or give this rollout's judgments")
-
-
-def check_adapt_inputs(stats: str, judgments: str | None, names: tuple[str, str | None]
-                       ) -> None:
-    """adapt-tasks' stats and judgments must come from one rollout: where both sidecars
-    say, the trajectories they were made from are the same file, and the judgments are the
-    ones those stats were scored with."""
-    stats_meta = sidecar(stats)
-    if judgments is None or stats_meta is None:
-        return
-    scored_from = _source(stats_meta, "score")
-    judged_from = _source(sidecar(judgments), "judge")
-    if scored_from and judged_from and scored_from != judged_from:
-        raise RlanyError("the task stats and the judgments come from different rollouts "
-                         f"(trajectories sha256 {scored_from[:12]} vs {judged_from[:12]})",
-                         where=names[1], hint="give the judgments of the rollout the stats "
-                         "were scored from")
-    scored_with = _source(stats_meta, "score", 1)
-    if scored_with and scored_with != sha256_file(judgments):
-        raise RlanyError(f"{names[0]} was scored with other judgments than this file",
-                         where=names[1], hint="give the judgments the stats were scored with")
-
-
-def judged_tasks(judgments: str, name: str | None) -> dict[str, str]:
-    """task id -> where it is first judged, for checking judgments against the stats."""
-    from rlany.records import Judgment
-
-    seen: dict[str, str] = {}
-    for where, j in JsonlReader(judgments, Judgment, "judgments", allow_empty=True, name=name):
-        seen.setdefault(j.task_id, where)
-    return seen
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_adapter(adapter: str | None, flag: str = "--adapter") -> None:
@@ -310,12 +230,13 @@ def engine_flags(opts: Any, engine: Any) -> dict:
 
 def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
     """Usage errors before anything is read or written: an output that is not a regular
-    file (`jsonl.check_target`: a device, a FIFO, a directory), an output (or its
+    file (`outputs.check_target`: a device, a FIFO, a directory), an output (or its
     `.meta.json` sidecar) that names an input file or an input's sidecar (writing it would
     destroy the input or its provenance), two outputs naming one file, or more than one
     input or output on stdin/stdout. The same file under two names (a symlink, a hard
     link) counts as one. Keys are the flags, for the message."""
-    from rlany.jsonl import check_target, meta_path
+    from rlany.jsonl import meta_path
+    from rlany.outputs import check_target
 
     for group, what in ((inputs, "stdin"), (outputs, "stdout")):
         dashes = [flag for flag, p in group.items() if p == "-"]

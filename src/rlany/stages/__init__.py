@@ -14,7 +14,10 @@ that share that shape, read by the CLI (`rlany.cli`) and by the loop (`rlany.sta
     report.py        report         a run directory -> plots and tables
 
 Beside them, what only stages use: pairing.py (trajectories with their judgments, for
-score), critiques.py (adapt-tasks' critique summary), loop_config.py and loop_metrics.py.
+score), advantages.py (the standardization behind score's advantages), unit_tests.py (the
+unit-tests mode: the judge's tests run on the programs, score's test rewards), critiques.py
+(adapt-tasks' critique summary), rewrites.py (adapt-tasks' proposals read, and the
+candidate tasks they become), loop_config.py and loop_metrics.py.
 The shared trainer is `rlany.training`, the file plumbing `rlany.stageio`.
 """
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -48,8 +47,9 @@ from rlany.prompts import (
     edit_messages,
     rewrite_messages,
 )
-from rlany.records import Lineage, Task, TaskStats
+from rlany.records import Task, TaskStats
 from rlany.stages.critiques import collect_critiques, model_summaries
+from rlany.stages.rewrites import candidate_task, read_proposal
 
 REWRITES = ("auto", "edits", "free")
 SUMMARIES = ("extract", "model")
@@ -177,33 +177,6 @@ def decide(pool: list[Task], pending: list[Task], stats: dict[str, TaskStats],
     return new_pool, decisions
 
 
-_FENCE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
-
-
-def parse_spec(text: str) -> dict | None:
-    """The JSON object in the rewriter's answer: a fenced block, else the last {...}."""
-    candidates = _FENCE.findall(text)
-    if not candidates:
-        depth, start = 0, None
-        for k, ch in enumerate(text):
-            if ch == "{":
-                if depth == 0:
-                    start = k
-                depth += 1
-            elif ch == "}" and depth:
-                depth -= 1
-                if depth == 0 and start is not None:
-                    candidates.append(text[start:k + 1])
-    for raw in reversed(candidates):
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
-
-
 def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, str],
             engine: Engine, make_env: Callable[[str], Environment],
             opts: AdaptOptions) -> tuple[list[Task], list[dict], dict]:
@@ -215,22 +188,7 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
     targets = [(t, direction_for(stats[t.task_id].acc, opts)) for t in pool if t.task_id in stats]
     targets = [(t, d) for t, d in targets if d]
     envs = {t.task_id: make_env(t.env) for t, _ in targets}
-    descriptions: dict[str, str] = {}
-    menus: dict[str, list] = {}
-    broken: list[dict] = []
-    for t, d in targets:  # edits: the env's menu (empty: nothing to propose, rejected)
-        env = envs[t.task_id]
-        try:
-            descriptions[t.task_id] = env.describe(t)
-            if opts.rewrite == "edits" or (opts.rewrite == "auto" and
-                                           isinstance(env, OffersEdits)):
-                menus[t.task_id] = offered_edits(env, t.spec, d)
-        except Exception as e:  # a spec its env cannot read: rejected with the reason, as
-            # rollout records a broken task instead of failing the batch
-            descriptions.pop(t.task_id, None)
-            broken.append({"task_id": t.task_id, "direction": d, "iteration": opts.iteration,
-                           "outputs": [], "reasons": [f"the {t.env} env cannot read this "
-                                                      f"task: {type(e).__name__}: {e}"]})
+    descriptions, menus, broken = _describe(targets, envs, opts)
     targets = [(t, d) for t, d in targets if t.task_id in descriptions]
     summaries = {t.task_id: critiques.get(t.task_id, "(no critiques)") for t, _ in targets}
     if opts.summary == "model":
@@ -269,7 +227,7 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
         reasons, found = [], None
         for completion in result.completions:
             tally["proposals"] += 1
-            spec, edit, why = _read_proposal(completion.text, menu, envs[task.task_id])
+            spec, edit, why = read_proposal(completion.text, menu, envs[task.task_id])
             if spec is None:
                 reasons.append(why)
                 continue
@@ -286,7 +244,7 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
                 reasons.append(f"near-duplicate of a pool task (similarity {best:.0f})")
                 continue
             found = spec
-            candidates.append(_candidate(task, spec, direction, stats[task.task_id].acc,
+            candidates.append(candidate_task(task, spec, direction, stats[task.task_id].acc,
                                          summaries[task.task_id], opts.iteration, edit))
             seen.append(flat)
         if found is None:
@@ -296,36 +254,28 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
     return candidates, rejections, tally
 
 
-def _read_proposal(text: str, menu: list | None, env: Environment
-                   ) -> tuple[dict | None, str | None, str]:
-    """(spec, edit description, why not): an edit number from the menu, or a free rewrite."""
-    if menu is not None:
-        k = text.strip()
-        if not k.isdigit() or not 1 <= int(k) <= len(menu):
-            return None, None, f"not one of the {len(menu)} edits: {clip(text, 40)!r}"
-        edit = menu[int(k) - 1]
-        return edit.spec, edit.description, ""
-    spec = parse_spec(text)
-    if spec is None:
-        return None, None, "no JSON object in the rewrite"
-    problems = env.validate(spec)
-    if problems:
-        return None, None, "invalid spec: " + "; ".join(problems)
-    return spec, None, ""
-
-
-def _candidate(parent: Task, spec: dict, direction: str, parent_acc: float, critique: str,
-               iteration: int, edit: str | None = None) -> Task:
-    lineage = parent.lineage or Lineage(root_id=parent.task_id)
-    version = lineage.version + 1
-    return Task(task_id=f"{lineage.root_id}.v{version}.i{iteration}", env=parent.env,
-                spec=spec, prompt=parent.prompt, split=parent.split,
-                lineage=Lineage(root_id=lineage.root_id, parent_id=parent.task_id,
-                                version=version, direction=direction),
-                extra={**parent.extra, "candidate": {"parent_acc": parent_acc,
-                                                     "proposed_iter": iteration,
-                                                     "critique": critique,
-                                                     **({"edit": edit} if edit else {})}})
+def _describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
+              opts: AdaptOptions) -> tuple[dict[str, str], dict[str, list], list[dict]]:
+    """(descriptions, menus, rejections) of the tasks to rewrite: each task as its env
+    describes it and, where edits are used, the env's menu of edits in the direction
+    (empty: nothing to propose, rejected later). A spec its env cannot read is rejected
+    with the reason, as rollout records a broken task instead of failing the batch."""
+    descriptions: dict[str, str] = {}
+    menus: dict[str, list] = {}
+    broken: list[dict] = []
+    for t, d in targets:
+        env = envs[t.task_id]
+        try:
+            descriptions[t.task_id] = env.describe(t)
+            if opts.rewrite == "edits" or (opts.rewrite == "auto" and
+                                           isinstance(env, OffersEdits)):
+                menus[t.task_id] = offered_edits(env, t.spec, d)
+        except Exception as e:  # whatever the env raises on a spec it cannot read
+            descriptions.pop(t.task_id, None)
+            broken.append({"task_id": t.task_id, "direction": d, "iteration": opts.iteration,
+                           "outputs": [], "reasons": [f"the {t.env} env cannot read this "
+                                                      f"task: {type(e).__name__}: {e}"]})
+    return descriptions, menus, broken
 
 
 # -- the file driver: `rlany adapt-tasks` and the loop's adapt-tasks stage ---------------
@@ -334,16 +284,14 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     """Accept/reject pending candidates, then propose new ones; write pool + candidates."""
     from rlany import envs
     from rlany.console import info
-    from rlany.jsonl import atomic_outputs, write_meta
+    from rlany.outputs import atomic_outputs, write_meta
+    from rlany.provenance import check_adapt_inputs, judged_tasks, sha256_file
     from rlany.stageio import (
         GEN_VERSIONS,
-        check_adapt_inputs,
         check_adapter,
-        judged_tasks,
         prepare_paths,
         read_stats,
         read_tasks,
-        sha256_file,
         start_engine,
     )
 

@@ -193,10 +193,11 @@ def run(opts: EvalOptions, engine=None) -> dict:
     """Roll out eval tasks (and optionally judge them); write a summary JSON atomically."""
     from rlany import envs
     from rlany.console import info
-    from rlany.jsonl import AtomicJsonl, write_meta, write_text_atomic
+    from rlany.outputs import AtomicJsonl, write_meta, write_text_atomic
     from rlany.stageio import GEN_VERSIONS, adapter_checks, begin_generation, engine_flags
-    from rlany.stages.judge import judge, unit_test_counts
+    from rlany.stages.judge import judge
     from rlany.stages.rollout import rollout
+    from rlany.stages.unit_tests import unit_test_counts
 
     started = time.time()
     tasks, reader, engine = begin_generation(

@@ -1,19 +1,20 @@
 """`rlany judge`: trajectories -> judgments, m verdicts per step from a generative judge.
 
-For every step the judge gets one prompt (`prompts.judge_messages`: the task, the earlier
+For every step the judge gets one prompt (`prompts.step_prompts`: the task, the earlier
 actions, the observation, the policy's response and what happened next) and `m` samples
 are drawn from it in one request, sharing the prompt. All steps of a batch of trajectories
 go to the engine in one call. Each sample is parsed with `prompts.parse_verdict`: +1, -1,
 or 0 when unparseable (counted and reported, never fatal).
 
-Mode "unit-tests" (the paper's coding setting, DESIGN §4): the reward model writes tests
-instead of verdicts. Per task, one prompt (`prompts.unit_test_messages`: the problem the
-policy saw) gets `m` samples, each parsed into {input, expected output} by
-`prompts.parse_unit_test`. Every program of the task's trajectories (the last ```python
-block of its single step) runs on all parsed tests in one sandboxed process; its verdict
-from test j is +1 if it prints the expected output, -1 if not, and 0 when test j was
-unparseable. So `rlany score` needs nothing new for the policy (R = O + λ·mean_j S_j),
-and scores a test by how well it separates correct from incorrect programs.
+Mode "unit-tests" (the paper's coding setting, DESIGN §4; `rlany.stages.unit_tests`): the
+reward model writes tests instead of verdicts. Per task, one prompt
+(`prompts.unit_test_messages`: the problem the policy saw) gets `m` samples, each parsed
+into {input, expected output} by `prompts.parse_unit_test`. Every program of the task's
+trajectories (the last ```python block of its single step) runs on all parsed tests in one
+sandboxed process; its verdict from test j is +1 if it prints the expected output, -1 if
+not, and 0 when test j was unparseable. So `rlany score` needs nothing new for the policy
+(R = O + λ·mean_j S_j), and scores a test by how well it separates correct from incorrect
+programs.
 
 Judgments come out in trajectory order (one per trajectory, grouped by task), which is the
 order `rlany score` reads them in.
@@ -21,25 +22,15 @@ order `rlany score` reads them in.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from rlany.chat import text_of
 from rlany.engines import Engine, Request, Sampling, real_token_ids, stable_seed
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
-from rlany.prompts import (
-    VERDICT_MODES,
-    clip,
-    generate_verdicts,
-    judge_messages,
-    parse_unit_test,
-    parse_verdict,
-    unit_test_messages,
-)
+from rlany.prompts import VERDICT_MODES, generate_verdicts, parse_verdict, step_prompts
 from rlany.records import (
     MODES,
     JudgeSample,
@@ -48,6 +39,10 @@ from rlany.records import (
     Trajectory,
     responses_digest,
 )
+from rlany.stages.unit_tests import unit_test_batch, unit_test_counts
+
+if TYPE_CHECKING:
+    from rlany.outputs import ResumableJsonl
 
 SELECTS = ("all", "used")
 
@@ -107,43 +102,6 @@ class JudgeOptions(EngineFields):
                         top_p=self.top_p)
 
 
-def step_prompts(traj: Trajectory, history_steps: int, obs_lines: int = 0
-                 ) -> list[list[dict]]:
-    """The judge prompt of every step of one trajectory.
-
-    The task is the policy's first user message; at step 0 its observation part is left out
-    (the prompt shows the observation anyway), and at later steps it is cut to `obs_lines`
-    lines (0: whole), as is what happened next. Earlier steps are listed as the action and
-    the first line of what the env answered (the full state is in the current observation).
-    """
-    prompts = []
-    obs0 = traj.steps[0].obs if traj.steps else ""
-    for t, step in enumerate(traj.steps):
-        first_user = next((text_of(m["content"]) for m in step.prompt_messages
-                           if m["role"] == "user"), "")
-        if obs0 and first_user.endswith(obs0):
-            head = first_user[:-len(obs0)]
-            if t == 0:
-                first_user = head.strip() or first_user
-            elif obs_lines:
-                first_user = head + _lines(obs0, obs_lines)
-        next_obs = _lines(step.next_obs, obs_lines) if obs_lines else step.next_obs
-        earlier = traj.steps[max(0, t - history_steps):t]
-        history = [f"step {t - len(earlier) + k}: {clip(s.action or s.response, 300)} -> "
-                   f"{clip(_first_line(s.next_obs), 300)}" for k, s in enumerate(earlier)]
-        prompts.append(judge_messages(first_user, history, step.obs, step.response,
-                                      next_obs, step.images, step.next_images))
-    return prompts
-
-
-def _lines(text: str, n: int) -> str:
-    return "\n".join(text.splitlines()[:n])
-
-
-def _first_line(text: str) -> str:
-    return next((line for line in text.splitlines() if line.strip()), "")
-
-
 def judge(trajectories: Iterable[Trajectory], engine: Engine, opts: JudgeOptions,
           judge_info: dict | None = None) -> Iterator[list[Judgment]]:
     """Yield the judgments of each task's trajectories, task by task, in input order."""
@@ -162,7 +120,9 @@ def judge(trajectories: Iterable[Trajectory], engine: Engine, opts: JudgeOptions
 def _judge_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOptions,
                 judge_info: dict) -> Iterator[list[Judgment]]:
     if opts.mode == "unit-tests":
-        return _unit_test_batch(batch, engine, opts, judge_info)
+        return unit_test_batch(batch, engine, replace(opts.sampling, n=opts.m),
+                               adapter=opts.adapter, seed=opts.seed, cpu_s=opts.test_cpu_s,
+                               judge_info=judge_info)
     return _step_batch(batch, engine, opts, judge_info)
 
 
@@ -261,93 +221,13 @@ def unused(group: list[Trajectory], select: str) -> str | None:
     return None
 
 
-def _unit_test_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOptions,
-                     judge_info: dict) -> Iterator[list[Judgment]]:
-    from rlany.envs.coding import extract_code
-
-    for group in batch:
-        for traj in group:
-            if len(traj.steps) > 1:
-                raise RlanyError(f"trajectory '{traj.traj_id}' has {len(traj.steps)} steps: "
-                                 "--mode unit-tests judges single-turn coding trajectories")
-    # one test-writing prompt per task, m samples
-    asked = [(g, unit_test_messages(next(t.steps[0].obs for t in g if t.steps)))
-             for g in batch if any(t.steps for t in g)]
-    requests = [Request(messages=messages, adapter=opts.adapter,
-                        sampling=replace(opts.sampling, n=opts.m,
-                                         seed=stable_seed(opts.seed, "unit-tests",
-                                                          g[0].task_id)))
-                for g, messages in asked]
-    written = {g[0].task_id: (messages, [(c.text, parse_unit_test(c.text))
-                                         for c in result.completions])
-               for (g, messages), result in zip(asked, engine.generate(requests))}
-    # every program against its task's parsed tests, one sandboxed process per program
-    jobs = [(t, [test for _, test in written[g[0].task_id][1] if test is not None])
-            for g in batch for t in g if t.steps]
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        passed = dict(zip((t.traj_id for t, _ in jobs),
-                          pool.map(lambda job: _run_program(
-                              extract_code(job[0].steps[0].response), job[1], opts.test_cpu_s),
-                              jobs)))
-    for group in batch:
-        judgments = []
-        for traj in group:
-            steps = []
-            if traj.steps:
-                messages, tests = written[traj.task_id]
-                verdicts = iter(passed[traj.traj_id])
-                samples = [JudgeSample(text=text, test=test,
-                                       score=0 if test is None else next(verdicts))
-                           for text, test in tests]
-                steps.append(StepJudgment(step=0, judge_messages=messages, samples=samples))
-            judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
-                                      judge=judge_info, steps=steps, mode="unit-tests",
-                                      responses_sha256=responses_digest(traj.steps)))
-        yield judgments
-
-
-def _run_program(code: str, tests: list[dict], cpu_s: float) -> list[int]:
-    """+1 / -1 per test: does the program print the expected output?"""
-    if not tests:
-        return []
-    from rlany.sandbox import Limits, outputs_match, run_tests
-
-    results = run_tests(code, [t["input"] for t in tests], Limits(cpu_s=cpu_s))
-    return [1 if r.status == "ok" and outputs_match(r.stdout, t["output"]) else -1
-            for r, t in zip(results, tests)]
-
-
-def unit_test_counts(group: list[Judgment], outcomes: dict[str, int]) -> dict[str, int]:
-    """Per task: tests written, parsed, and (when some program is correct) how many every
-    correct program passes ("valid") and how many of those also fail a wrong one."""
-    judged = [j for j in group if j.steps]
-    if not judged:
-        return {}
-    m = len(judged[0].steps[0].samples)
-    parsed = [judged[0].steps[0].samples[k].test is not None for k in range(m)]
-    counts = {"tests": m, "tests_parsed": sum(parsed), "tests_checkable": 0,
-              "tests_valid": 0, "tests_discriminating": 0}
-    right = [j for j in judged if outcomes.get(j.traj_id) == 1]
-    wrong = [j for j in judged if outcomes.get(j.traj_id) == -1]
-    if not right:
-        return counts
-    for k in range(m):
-        if not parsed[k]:
-            continue
-        counts["tests_checkable"] += 1
-        if all(j.steps[0].samples[k].score == 1 for j in right):
-            counts["tests_valid"] += 1
-            counts["tests_discriminating"] += any(j.steps[0].samples[k].score == -1
-                                                  for j in wrong)
-    return counts
-
-
 # -- the file driver: `rlany judge` and the loop's judge stage --------------------------
 
 def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     """Read trajectories, judge them (resuming a partial output), write judgments."""
-    from rlany.console import info, progress
-    from rlany.jsonl import JsonlReader, ResumableJsonl, write_meta
+    from rlany.console import info
+    from rlany.jsonl import JsonlReader
+    from rlany.outputs import ResumableJsonl, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,
@@ -356,7 +236,6 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         prepare_paths,
         start_engine,
     )
-    from rlany.stages.pairing import groups
 
     started = time.time()
     if opts.labels and (engine is not None or opts.adapter):
@@ -364,85 +243,117 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     check_adapter(opts.adapter)
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
     reader = JsonlReader(path, Trajectory, "trajectories", name=opts.input)
-    # a malformed line, a task split in two or a trajectory id seen before fails here,
-    # before an engine is started (groups are judged and resumed by task, and matched by id)
+    _check_input(reader, opts.labels)
+    engine = LabelEngine() if opts.labels else engine or start_engine(opts)
+    flags = engine_flags(opts, engine)
+    with output_lock(opts.output):
+        out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
+        if out.done:
+            info(f"judge: resuming, {len(out.done)} tasks already judged")
+        tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
+        try:
+            tally = _judge_into(out, reader, engine, opts)
+        finally:
+            out.close()
+        out.finish()
+    counts = {**_judge_counts(tally.verdicts, tally.tests, out.count, engine, tokens0, secs0),
+              "skipped": tally.skipped,
+              # balanced accuracy against the env's step labels, on the steps judged here
+              "label_accuracy": balanced_accuracy(tally.by_label),
+              "labelled_verdicts": tally.by_label[1][0] + tally.by_label[-1][0]}
+    write_meta(opts.output, stage="judge", flags=flags, inputs=[reader], counts=counts,
+               started=started, versions=GEN_VERSIONS)
+    info(_summary_line(counts, tally, opts.output, started))
+    return counts
+
+
+def _check_input(reader: Iterable[tuple[str, Trajectory]], labels: bool) -> None:
+    """A malformed line, a task split in two or a trajectory id seen before fails here,
+    before an engine is started (groups are judged and resumed by task, and matched by id);
+    with `labels`, so does a step without the env's label."""
+    from rlany.stages.pairing import groups
+
     ids: set[str] = set()
 
     def unique():
         for where, t in reader:
             if t.traj_id in ids:
                 raise RlanyError(f"duplicate trajectory '{t.traj_id}'", where=where)
-            if opts.labels:
+            if labels:
                 _check_labels(t, where)
             ids.add(t.traj_id)
             yield where, t, None
     for _ in groups(unique()):
         pass
-    engine = LabelEngine() if opts.labels else engine or start_engine(opts)
-    flags = engine_flags(opts, engine)
-    with output_lock(opts.output):
-        out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
-        done = set(out.done)
-        if done:
-            info(f"judge: resuming, {len(done)} tasks already judged")
-        tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
-        outcomes: dict[str, int] = {}
-        labels: dict[str, list] = {}  # the env's step labels (+1 / -1), where it gives them
-        held: dict[str, Trajectory] = {}  # -o -: trajectories passed through to the pipe
 
-        def todo():
-            for _, t in reader:
-                if t.task_id not in done:
-                    outcomes[t.traj_id] = t.outcome
-                    labels[t.traj_id] = [s.info.get("label") for s in t.steps]
-                    if out.stream:
-                        held[t.traj_id] = t
-                    yield t
-        verdicts = {1: 0, -1: 0, 0: 0}
-        by_label = {1: [0, 0], -1: [0, 0]}  # step label -> [verdicts, verdicts equal to it]
-        tests: dict[str, int] = {}
-        skipped = 0
-        try:
-            with progress("judge", None) as bar:
-                for group in judge(todo(), engine, opts, {"model": engine.model,
-                                                          "adapter": opts.adapter}):
-                    passed = [held.pop(j.traj_id) for j in group] if out.stream else []
-                    out.write_group(group[0].task_id, [*passed, *group])
-                    if opts.mode == "unit-tests":
-                        for key, value in unit_test_counts(group, outcomes).items():
-                            tests[key] = tests.get(key, 0) + value
-                    for j in group:
-                        outcomes.pop(j.traj_id, None)
-                        step_labels = labels.pop(j.traj_id, [])
-                        skipped += j.skipped is not None
-                        for s in j.steps:
-                            label = step_labels[s.step] if s.step < len(step_labels) else None
-                            for sample in s.samples:
-                                verdicts[sample.score] += 1
-                                if label in by_label and opts.mode == "steps":
-                                    by_label[label][0] += 1
-                                    by_label[label][1] += sample.score == label
-                    bar.advance()
-        finally:
-            out.close()
-        out.finish()
-    counts = {**_judge_counts(verdicts, tests, out.count, engine, tokens0, secs0),
-              "skipped": skipped,
-              # balanced accuracy against the env's step labels, on the steps judged here
-              "label_accuracy": balanced_accuracy(by_label),
-              "labelled_verdicts": by_label[1][0] + by_label[-1][0]}
-    write_meta(opts.output, stage="judge", flags=flags, inputs=[reader], counts=counts,
-               started=started, versions=GEN_VERSIONS)
+
+@dataclass
+class _Tally:
+    """What `run` counts as judgments are written: verdicts by value, verdicts against the
+    env's step labels ({label: [verdicts, verdicts equal to it]}), the unit-test counts and
+    the trajectories left unjudged."""
+    verdicts: dict[int, int] = field(default_factory=lambda: {1: 0, -1: 0, 0: 0})
+    by_label: dict[int, list[int]] = field(default_factory=lambda: {1: [0, 0], -1: [0, 0]})
+    tests: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+
+    def add(self, judgment: Judgment, step_labels: list, steps_mode: bool) -> None:
+        self.skipped += judgment.skipped is not None
+        for s in judgment.steps:
+            label = step_labels[s.step] if s.step < len(step_labels) else None
+            for sample in s.samples:
+                self.verdicts[sample.score] += 1
+                if label in self.by_label and steps_mode:
+                    self.by_label[label][0] += 1
+                    self.by_label[label][1] += sample.score == label
+
+
+def _judge_into(out: ResumableJsonl, reader: Iterable[tuple[str, Trajectory]], engine: Engine,
+                opts: JudgeOptions) -> _Tally:
+    """Judge the tasks `out` has not written yet, writing each task's judgments as one group
+    (after its trajectories when `out` streams to a pipe)."""
+    from rlany.console import progress
+
+    done = set(out.done)
+    outcomes: dict[str, int] = {}
+    labels: dict[str, list] = {}  # the env's step labels (+1 / -1), where it gives them
+    held: dict[str, Trajectory] = {}  # -o -: trajectories passed through to the pipe
+
+    def todo():
+        for _, t in reader:
+            if t.task_id not in done:
+                outcomes[t.traj_id] = t.outcome
+                labels[t.traj_id] = [s.info.get("label") for s in t.steps]
+                if out.stream:
+                    held[t.traj_id] = t
+                yield t
+    tally = _Tally()
+    with progress("judge", None) as bar:
+        for group in judge(todo(), engine, opts, {"model": engine.model,
+                                                  "adapter": opts.adapter}):
+            passed = [held.pop(j.traj_id) for j in group] if out.stream else []
+            out.write_group(group[0].task_id, [*passed, *group])
+            if opts.mode == "unit-tests":
+                for key, value in unit_test_counts(group, outcomes).items():
+                    tally.tests[key] = tally.tests.get(key, 0) + value
+            for j in group:
+                outcomes.pop(j.traj_id, None)
+                tally.add(j, labels.pop(j.traj_id, []), opts.mode == "steps")
+            bar.advance()
+    return tally
+
+
+def _summary_line(counts: dict, tally: _Tally, output: str, started: float) -> str:
     seconds = counts["generate_seconds"]
-    info(f"judge: {counts['verdicts']} verdicts (+1: {verdicts[1]}, -1: {verdicts[-1]}, "
-         f"unparseable: {verdicts[0]} = {counts['parse_fail_rate']:.1%}; share of +1 "
-         f"{_pct(counts['positive_share'])}{_label_line(counts['label_accuracy'])}); "
-         f"{_tests_line(tests)}"
-         f"{f'{skipped} trajectories not judged (--select used); ' if skipped else ''}"
-         f"{counts['completion_tokens']} tokens, "
-         f"{counts['completion_tokens'] / seconds if seconds else 0:.0f} tokens/s -> "
-         f"{opts.output} ({time.time() - started:.1f}s)")
-    return counts
+    verdicts, skipped = tally.verdicts, tally.skipped
+    return (f"judge: {counts['verdicts']} verdicts (+1: {verdicts[1]}, -1: {verdicts[-1]}, "
+            f"unparseable: {verdicts[0]} = {counts['parse_fail_rate']:.1%}; share of +1 "
+            f"{_pct(counts['positive_share'])}{_label_line(counts['label_accuracy'])}); "
+            f"{_tests_line(tally.tests)}"
+            f"{f'{skipped} trajectories not judged (--select used); ' if skipped else ''}"
+            f"{counts['completion_tokens']} tokens, "
+            f"{counts['completion_tokens'] / seconds if seconds else 0:.0f} tokens/s -> "
+            f"{output} ({time.time() - started:.1f}s)")
 
 
 def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: int, engine,

@@ -229,7 +229,7 @@ class Loop:
             yield from self.iteration(it)
 
     def _init_run_dir(self) -> None:
-        from rlany.jsonl import write_text_atomic
+        from rlany.outputs import write_text_atomic
 
         config = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "path"}
         resolved = json.dumps(config, indent=2, sort_keys=True) + "\n"
@@ -289,7 +289,7 @@ class Loop:
         except NoSamples as e:  # nothing to learn from this iteration: an answer
             if not stage.may_skip:
                 raise
-            from rlany.jsonl import write_text_atomic
+            from rlany.outputs import write_text_atomic
             info(f"loop: {command.name} skipped: {e.message}; the model stays as it was")
             write_text_atomic(skipped, json.dumps({"reason": e.message}) + "\n")
         return command.name
@@ -370,7 +370,7 @@ class Loop:
         return str(self.dir / "judge_warm_start" / "rm") if self.cfg.judge_warm_start else None
 
     def _finish_iteration(self, d: Path, it: int) -> None:
-        from rlany.jsonl import write_text_atomic
+        from rlany.outputs import write_text_atomic
         from rlany.stages.loop_metrics import collect_metrics
 
         metrics = {"iteration": it, **collect_metrics(d)}
@@ -391,7 +391,7 @@ class Loop:
                     (ckpt.parent / f"{kind}.pruned").write_text("pruned by keep_last\n")
 
     def _write_metrics(self) -> None:
-        from rlany.jsonl import write_text_atomic
+        from rlany.outputs import write_text_atomic
 
         lines = [json.dumps(json.loads(p.read_text()))
                  for p in sorted(self.dir.glob("iter_*/done.json"))]

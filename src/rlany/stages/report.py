@@ -18,7 +18,7 @@ from pathlib import Path
 from statistics import fmean
 
 from rlany.errors import RlanyError
-from rlany.jsonl import write_text_atomic
+from rlany.outputs import write_text_atomic
 
 PLOTS = [
     ("train_acc", "train accuracy (rollouts)"),

@@ -305,7 +305,7 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     """Read tasks, roll out (resuming a partial output), write trajectories + sidecar."""
     from rlany import envs
     from rlany.console import info, progress
-    from rlany.jsonl import ResumableJsonl, write_meta
+    from rlany.outputs import ResumableJsonl, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
         adapter_checks,

@@ -66,9 +66,9 @@ from pathlib import Path
 from rlany.errors import RlanyError
 from rlany.options import opt
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
+from rlany.stages.advantages import standardize
 from rlany.stages.pairing import groups, paired
-
-EPS_STD = 1e-8  # below this a group's rewards are treated as all equal
+from rlany.stages.unit_tests import unit_test_rewards
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,15 +129,6 @@ class ScoreOptions:
 Located = tuple[str, object]  # ("path:line", record)
 
 
-def standardize(values: list[float]) -> list[float]:
-    """(v - mean) / population std; all zeros when the values do not differ."""
-    mean = statistics.fmean(values)
-    std = statistics.pstdev(values, mu=mean)
-    if std < EPS_STD:
-        return [0.0] * len(values)
-    return [(v - mean) / std for v in values]
-
-
 def score_stream(trajectories: Iterable[tuple[str, Trajectory]],
                  judgments: Iterable[tuple[str, Judgment]] | None,
                  opts: ScoreOptions) -> Iterator[tuple[list[Scored], TaskStats]]:
@@ -175,25 +166,15 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
         for i, a in zip(members, std_adv):
             advantages[i][t] = a
 
-    uniform = successes in (0, n)
     candidate = any(t.extra.get("candidate") for t in trajs)
-    if candidate:
-        policy_keep, policy_reason = False, "candidate task, not accepted yet"
-    elif not uniform:
-        policy_keep, policy_reason = True, "mixed outcomes"
-    elif opts.uniform_tasks == "keep":
-        policy_keep, policy_reason = True, "uniform outcome, kept by --uniform-tasks keep"
-    elif opts.uniform_tasks == "separated" and separated:
-        policy_keep, policy_reason = True, "uniform outcome, step rewards separate"
-    else:
-        policy_keep, policy_reason = False, "uniform outcome"
-
+    policy_keep, policy_reason = _policy_filter(candidate, successes in (0, n), separated,
+                                                opts.uniform_tasks)
     rm_keep = opts.rm_acc_min <= acc <= opts.rm_acc_max and not candidate
     rm_reason = ("candidate task, not accepted yet" if candidate else
                  "acc within rm range" if rm_keep else
                  f"acc {acc:.2f} outside [{opts.rm_acc_min}, {opts.rm_acc_max}]")
 
-    tests = _test_rewards(group, rm_keep, opts)
+    tests = unit_test_rewards(group, rm_keep, opts.unparseable_penalty)
     # the sampled estimator's consistency reward R_it · S_itj, and the exact objectives'
     # verdict target (the scored step's rm_target): O_i, R_it or the env label L_it
     targets = (_labels(group, "--rm-target label")
@@ -235,6 +216,20 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
         rm_reason=rm_reason, policy_samples=policy_samples, rm_samples=rm_samples,
         **_judge_stats(trajs, judgments, step_scores))
     return scored, stats
+
+
+def _policy_filter(candidate: bool, uniform: bool, separated: bool, uniform_tasks: str
+                   ) -> tuple[bool, str]:
+    """(keep, reason): does the policy train on this task? (`--uniform-tasks`, above)"""
+    if candidate:
+        return False, "candidate task, not accepted yet"
+    if not uniform:
+        return True, "mixed outcomes"
+    if uniform_tasks == "keep":
+        return True, "uniform outcome, kept by --uniform-tasks keep"
+    if uniform_tasks == "separated" and separated:
+        return True, "uniform outcome, step rewards separate"
+    return False, "uniform outcome"
 
 
 def _balanced(scored: list[Scored], targets: list[list[float]]) -> list[Scored]:
@@ -301,46 +296,6 @@ def _consistency(judgment: Judgment | None, t: int, reward: float, rm_keep: bool
             for s, ri, ai in zip(samples, r, a)]
 
 
-def _test_rewards(group: list[tuple[str, Trajectory, Judgment | None]], rm_keep: bool,
-                  opts: ScoreOptions):
-    """For unit-tests judgments: i -> the scored tests of trajectory i (see the docstring)."""
-    judged = [(where, tr, j) for where, tr, j in group if j is not None and j.steps]
-    if not judged or judged[0][2].mode != "unit-tests":
-        if any(j.mode == "unit-tests" for _, _, j in judged):
-            raise RlanyError("a task mixes 'steps' and 'unit-tests' judgments",
-                             where=judged[0][0])
-        return None
-    texts = [s.text for s in judged[0][2].steps[0].samples]
-    for where, tr, j in judged:
-        if j.mode != "unit-tests" or [s.text for s in j.steps[0].samples] != texts:
-            raise RlanyError(f"the unit-test judgments of task '{tr.task_id}' must share one "
-                             "set of tests", where=where)
-    m = len(texts)
-    rewards = []
-    for k in range(m):
-        sample = judged[0][2].steps[0].samples[k]
-        if sample.score == 0:
-            rewards.append(opts.unparseable_penalty)
-            continue
-        rate = {}
-        for outcome in (1, -1):
-            members = [j.steps[0].samples[k].score == 1 for _, tr, j in judged
-                       if tr.outcome == outcome]
-            rate[outcome] = sum(members) / len(members) if members else 0.0
-        rewards.append(rate[1] - rate[-1])
-    advantages = standardize(rewards)
-    first = judged[0][1].traj_id
-
-    def scored_tests(i: int) -> list[ScoredJudgeSample]:
-        _, tr, j = group[i]
-        if j is None or not j.steps:
-            return []
-        return [ScoredJudgeSample(text=s.text, score=s.score, reward=r, advantage=a,
-                                  keep=rm_keep and tr.traj_id == first and a != 0.0)
-                for s, r, a in zip(j.steps[0].samples, rewards, advantages)]
-    return scored_tests
-
-
 def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
                  step_scores: list[list[float]]) -> dict:
     judged = [(tr, j, s) for tr, j, s in zip(trajs, judgments, step_scores)
@@ -366,8 +321,10 @@ def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
 def run(opts: ScoreOptions, engine: object = None) -> dict:
     """Stream trajectories (+ judgments) one task group at a time; write scored + stats."""
     from rlany.console import info
-    from rlany.jsonl import JsonlReader, atomic_outputs, write_meta
-    from rlany.stageio import check_judged, prepare_paths
+    from rlany.jsonl import JsonlReader
+    from rlany.outputs import atomic_outputs, write_meta
+    from rlany.provenance import check_judged
+    from rlany.stageio import prepare_paths
 
     started = time.time()
     stats = opts.stats_path

@@ -98,8 +98,9 @@ def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
 
 def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
     """Load (or borrow) the model once the lock is held, tokenize, train, save."""
-    from rlany.jsonl import JsonlReader, write_text_atomic
-    from rlany.stageio import sha256_file
+    from rlany.jsonl import JsonlReader
+    from rlany.outputs import write_text_atomic
+    from rlany.provenance import sha256_file
     from rlany.training.model import borrowed_model, load_model
     from rlany.training.samples import tokenize
     from rlany.training.trainer import train

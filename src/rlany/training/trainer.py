@@ -138,15 +138,9 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     partial = output.with_name(output.name + ".partial")
     plan = state.plan_key(samples, steps)
     start_step = state.saved_step(partial, meta, plan)
-    if source is None:
-        old = {}  # supervised: no pre-update policy
-    elif source == "generation":
-        old = {i: torch.tensor(s.old_logprobs, dtype=torch.float32)
-               for i, s in enumerate(samples)}
-    else:  # before the saved weights load: a resumed run's old policy is the initial one
-        model.eval()
-        old = _pre_update_logprobs(forward, samples, steps, acc, opts.micro_batch,
-                                   first_step_later=start_step == 0)
+    # before the saved weights load: a resumed run's old policy is the initial one
+    old = _old_policy(source, forward, model, samples, steps, acc, opts.micro_batch,
+                      first_step_later=start_step == 0)
     if start_step:
         state.load_state(acc, partial, start_step)
         if acc.is_main_process:
@@ -159,11 +153,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
         t0 = time.perf_counter()
         numbers = _optimizer_step(acc, model, params, forward, samples,
                                   steps[step], old, opts, objective)
-        if not math.isfinite(numbers["loss"]) or not math.isfinite(numbers["grad_norm"] or 0):
-            raise RlanyError(f"non-finite loss ({numbers['loss']}) or gradient norm "
-                             f"({numbers['grad_norm']}) at optimizer step {step + 1}",
-                             where=str(output), hint="lower --lr or train in float32; "
-                             "no checkpoint was written")
+        _check_finite(numbers, step, output)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - t0
@@ -177,16 +167,48 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
         if (step + 1) % opts.save_every == 0 and step + 1 < len(steps):
             state.save_state(acc, partial, step + 1, meta, plan)
     summary["seconds"] = round(time.perf_counter() - started, 1)
-    weights = acc.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the shards
-    if acc.is_main_process:
-        from rlany.probe import record
-        final = acc.unwrap_model(model)
-        state.save_final(final, weights, tokenizer, output,
-                         {**meta, "metrics": summary, "options": asdict(opts),
-                          "probe": record(final, tokenizer)})
-        shutil.rmtree(partial, ignore_errors=True)
+    _save(acc, model, tokenizer, output, partial,
+          {**meta, "metrics": summary, "options": asdict(opts)})
     acc.wait_for_everyone()
     return summary
+
+
+def _check_finite(numbers: dict, step: int, output: Path) -> None:
+    """A non-finite loss or gradient norm stops training before the optimizer steps."""
+    if not math.isfinite(numbers["loss"]) or not math.isfinite(numbers["grad_norm"] or 0):
+        raise RlanyError(f"non-finite loss ({numbers['loss']}) or gradient norm "
+                         f"({numbers['grad_norm']}) at optimizer step {step + 1}",
+                         where=str(output), hint="lower --lr or train in float32; "
+                         "no checkpoint was written")
+
+
+def _old_policy(source: str | None, forward, model, samples: list[Sample],
+                steps: list[list[int]], acc, micro: int, first_step_later: bool) -> dict:
+    """PPO's pre-update log-probs by sample index: none for a supervised objective
+    (`source` None), the engine's from generation, or recomputed here (eval mode)."""
+    import torch
+
+    if source is None:
+        return {}
+    if source == "generation":
+        return {i: torch.tensor(s.old_logprobs, dtype=torch.float32)
+                for i, s in enumerate(samples)}
+    model.eval()
+    return _pre_update_logprobs(forward, samples, steps, acc, micro, first_step_later)
+
+
+def _save(acc, model, tokenizer, output: Path, partial: Path, meta: dict) -> None:
+    """The checkpoint: every process gathers the weights (FSDP and ZeRO-3 shard them), the
+    main process writes them with `meta` and the probe record and drops the partial state."""
+    weights = acc.get_state_dict(model)
+    if acc.is_main_process:
+        from rlany.probe import record
+        from rlany.training import state
+
+        final = acc.unwrap_model(model)
+        state.save_final(final, weights, tokenizer, output,
+                         {**meta, "probe": record(final, tokenizer)})
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def response_logprobs(model, batch, device, keep: bool = True):
