@@ -49,6 +49,8 @@ def test_printed_command_round_trips_through_the_cli(table, monkeypatch):
     values = {k: _nondefault(h, d, s) for k, (h, d, s) in specs(cls).items()}
     if table == "eval":
         values.update(n=4, k=(1, 2))
+    if table == "judge":  # --labels needs --max-tokens 0, which the other non-defaults exclude
+        values.update(labels=False)
     if table in ("score", "adapt_tasks"):  # 0 <= low <= high <= 1
         values.update(rm_acc_min=0.1, rm_acc_max=0.9) if table == "score" else \
             values.update(alpha_low=0.1, alpha_high=0.9)
