@@ -107,6 +107,21 @@ class EngineStats:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+class NoModel:
+    """What a stage runs where the answers come from the env, not a model (`rollout
+    --expert`, `judge --labels`): a name and a reason for the sidecar, empty stats."""
+    real_token_ids = False
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = self.model = name
+        self.choice = {"engine": name, "reason": reason}
+        self.stats = EngineStats()
+
+    def generate(self, requests):  # pragma: no cover - the stages never call it
+        from rlany.errors import RlanyError
+        raise RlanyError(f"{self.name}: the answers come from the env, not from generate()")
+
+
 def sanitize(text: str) -> tuple[str, bool]:
     """`text` with lone surrogates (which UTF-8 cannot encode: a server's JSON or a
     responder can produce them) replaced by U+FFFD, and whether any was."""

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from rlany.engines import Engine, Request, Sampling, real_token_ids, stable_seed
+from rlany.engines import Engine, NoModel, Request, Sampling, real_token_ids, stable_seed
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
 from rlany.prompts import VERDICT_MODES, generate_verdicts, parse_verdict, step_prompts
@@ -175,19 +175,6 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
         yield judgments
 
 
-class LabelEngine:
-    """What `judge --labels` runs instead of a model: the verdicts are the env's labels."""
-    name = "labels"
-    model = "labels"
-    real_token_ids = False
-    choice = {"engine": "labels", "reason": "--labels: the env's step labels, no model"}
-
-    def __init__(self) -> None:
-        from rlany.engines import EngineStats
-
-        self.stats = EngineStats()
-
-
 def _label_verdicts(batch: list[list[Trajectory]], prompts: dict, m: int) -> Iterator:
     """One result per judged step (the order of `prompts`): m copies of the verdict that
     is the step's label."""
@@ -244,7 +231,8 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
     reader = JsonlReader(path, Trajectory, "trajectories", name=opts.input)
     _check_input(reader, opts.labels)
-    engine = LabelEngine() if opts.labels else engine or start_engine(opts)
+    engine = (NoModel("labels", "--labels: the env's step labels, no model") if opts.labels
+              else engine or start_engine(opts))
     flags = engine_flags(opts, engine)
     with output_lock(opts.output):
         out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})

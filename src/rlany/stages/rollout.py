@@ -36,7 +36,7 @@ from rlany.chat import text_of, user_content
 from rlany.engines import (
     Completion,
     Engine,
-    EngineStats,
+    NoModel,
     Request,
     Result,
     Sampling,
@@ -208,20 +208,6 @@ def _expert_result(group: list[_Episode], opts: RolloutOptions, turn: int) -> Re
         Completion(text=t, token_ids=[], finish_reason="stop") for t in texts])
 
 
-class ExpertEngine:
-    """What `rollout --expert` runs instead of a model: the episodes ask their env."""
-    name = "expert"
-    model = "expert"
-    real_token_ids = False
-    choice = {"engine": "expert", "reason": "--expert: the env's shortest plan, no model"}
-
-    def __init__(self) -> None:
-        self.stats = EngineStats()
-
-    def generate(self, requests):  # pragma: no cover - the rollout never calls it
-        raise RlanyError("the expert plays through the env, not through generate()")
-
-
 def _choices(e: _Episode) -> tuple[str, ...]:
     from rlany.envs import ListsActions
 
@@ -322,8 +308,10 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     if opts.expert and opts.expert_p is None and opts.n != 1:
         raise UsageError(f"--expert plays one deterministic plan per task: --n {opts.n} would "
                          "repeat it; use --n 1 (or --expert-p to mix in random actions)")
+    if opts.expert:
+        engine = NoModel("expert", "--expert: the env's shortest plan, no model")
     tasks, reader, engine = begin_generation(
-        opts, {"--output": opts.output}, ExpertEngine() if opts.expert else engine,
+        opts, {"--output": opts.output}, engine,
         check=(lambda t: _has_expert(t, opts.expert_p is not None)) if opts.expert else None)
     input_tasks, tasks = len(tasks), sample_tasks(tasks, opts)
     flags = engine_flags(opts, engine)
