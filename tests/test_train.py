@@ -15,6 +15,7 @@ from rlany.stages.train_policy import TrainOptions
 from rlany.training.losses import ppo_clip_loss, token_logprobs
 from rlany.training.model import load_model
 from rlany.training.samples import Sample, tokenize
+from rlany.training.fields import lr_at
 from rlany.training.trainer import plan_steps, train
 
 
@@ -140,14 +141,28 @@ def test_batch_4_accum_1_equals_batch_1_accum_4(tiny_model, tmp_path):
     assert lc[0]["grad_norm"] == pytest.approx(la[0]["grad_norm"], rel=1e-4)
 
 
-def test_resume_continues_from_the_saved_step(tiny_model, tmp_path):
-    full, full_logs = _train(tiny_model, tmp_path, "full", micro_batch=2, grad_accum=1)
+def test_lr_schedules_by_hand():
+    assert [lr_at(1.0, "constant", s, 4) for s in range(4)] == [1.0] * 4
+    assert [lr_at(1.0, "linear", s, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    cos = [lr_at(1.0, "cosine", s, 4) for s in range(4)]
+    assert cos == pytest.approx([1.0, 0.5 + 0.5 * math.cos(math.pi / 4), 0.5,
+                                 0.5 + 0.5 * math.cos(3 * math.pi / 4)])
+    assert lr_at(1.0, "linear", 0, 1) == 1.0  # one step: the full rate
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_resume_continues_from_the_saved_step(tiny_model, tmp_path, schedule):
+    full, full_logs = _train(tiny_model, tmp_path, "full", micro_batch=2, grad_accum=1,
+                             lr_schedule=schedule)
     assert len(full_logs) == 4
+    want = [1e-2 * (1 if schedule == "constant" else (4 - s) / 4) for s in range(4)]
+    assert [r["lr"] for r in full_logs] == pytest.approx(want)  # the rate each step used
 
     class Killed(Exception):
         pass
 
-    opts = TrainOptions(output="unused", lr=1e-2, seed=0, micro_batch=2, grad_accum=1)
+    opts = TrainOptions(output="unused", lr=1e-2, seed=0, micro_batch=2, grad_accum=1,
+                        lr_schedule=schedule)
     model, tok = load_model(tiny_model, None, opts)
 
     def die_after_two(record):
@@ -160,7 +175,8 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path):
     assert (tmp_path / "resumed.partial" / "state.json").exists()
     assert not (tmp_path / "resumed").exists()          # no half checkpoint
     # other batching (here: another seed's sample order) must not continue that state
-    other = TrainOptions(output="unused", lr=1e-2, seed=1, micro_batch=2, grad_accum=1)
+    other = TrainOptions(output="unused", lr=1e-2, seed=1, micro_batch=2, grad_accum=1,
+                         lr_schedule=schedule)
     model, tok = load_model(tiny_model, None, other)
     with pytest.raises(RlanyError, match="other samples or batching"):
         train(_samples(tok), model, tok, other, tmp_path / "resumed", {"data_sha256": "x"},

@@ -4,12 +4,27 @@ build on these; the trainer reads them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rlany.errors import RlanyError
 from rlany.options import opt
 
 OLD_LOGPROBS = ("auto", "generation", "recompute")  # where PPO's pre-update log-probs come from
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def lr_at(lr: float, schedule: str, step: int, steps: int) -> float:
+    """The learning rate of optimizer step `step` (0-based) of `steps`: a function of the step
+    alone, so a resumed run needs no scheduler state. linear / cosine start at `lr` and
+    reach lr/steps / about lr*(pi/steps)^2/4 at the last step, never 0 (every step moves)."""
+    if schedule == "constant" or steps <= 1:
+        return lr
+    if schedule == "linear":
+        return lr * (steps - step) / steps
+    if schedule == "cosine":
+        return lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+    raise RlanyError(f"unknown learning-rate schedule {schedule!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +46,11 @@ class TrainFields:
     lr: float = opt(3e-4, "AdamW learning rate. LoRA: 3e-4 (benchmarks/LOG.md, 2026-11-22: "
                     "2e-5 did not move SmolLM2-135M in 3 iterations, 3e-4 and 1e-3 did); "
                     "full fine-tuning wants ~1e-6.", min=0, min_exclusive=True)
+    lr_schedule: str = opt("constant", "The learning rate over this run's optimizer steps: "
+                           "constant, or decayed from --lr toward 0 by its last step (linear, "
+                           "cosine), so the last few small, noisy batches cannot swing the "
+                           "model (benchmarks/LOG.md, 2026-11-23: the reward model's).",
+                           choices=LR_SCHEDULES)
     epochs: int = opt(1, "Passes over the samples.", min=1)
     micro_batch: int = opt(4, "Sequences per forward/backward.", min=1)
     grad_accum: int = opt(2, "Micro-batches per optimizer step (per process).", min=1)

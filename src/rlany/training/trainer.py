@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlany.errors import RlanyError
-from rlany.training.fields import OLD_LOGPROBS
+from rlany.training.fields import OLD_LOGPROBS, lr_at
 from rlany.training.samples import Sample
 from rlany.training.verdict import OBJECTIVES as VERDICT_OBJECTIVES
 
@@ -154,12 +154,15 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
         numbers = _optimizer_step(acc, model, params, forward, samples,
                                   steps[step], old, opts, objective)
         _check_finite(numbers, step, output)
+        lr = lr_at(opts.lr, opts.lr_schedule, step, len(steps))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - t0
         record = {"step": step + 1, "of": len(steps),
                   **{k: round(v, 6) if isinstance(v, float) else v for k, v in numbers.items()},
-                  "lr": opts.lr, "tokens_per_s": round(numbers["tokens"] / seconds, 1),
+                  "lr": lr, "tokens_per_s": round(numbers["tokens"] / seconds, 1),
                   "seconds": round(seconds, 3)}
         if acc.is_main_process:
             log(record)

@@ -1,0 +1,107 @@
+"""Replay a loop run's reward-model training on its own saved rollouts with other `train-rm`
+options, then score every replayed judge on the held-out labelled steps (judge_heldout.py).
+
+Under the outcome target (`score`'s default `rm_target`), what the judge is trained toward
+does not depend on the judge: each scored step's target is its episode's outcome. So a
+run's `iter_*/scored.jsonl` files fix the reward model's whole data stream, and a replay
+with other options is an exact counterfactual for the judge's training on those rollouts
+(in a live loop the judge's verdicts would also steer the policy, hence the rollouts: a
+replay selects options; live runs confirm them). Costs the train-rm and held-out minutes
+only (~5 + 4 per iteration on 2 cores), not the rollout, judge and policy ones.
+
+Each replayed iteration starts from the replay's previous adapter; `--from-iteration K`
+starts from the run's own `iter_{K-1}/rm` (it must still be on disk) instead of the base
+model. The original options come from each run adapter's `rlany.json` where it is on disk,
+else from the nearest later one; `--set key=value` overrides them (train-rm's option names,
+snake_case).
+
+    python benchmarks/rm_replay.py runs/learning-judge/rm-s2 replay/s2-linear \\
+        --from-iteration 2 --set lr_schedule=linear
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SKIP = ("input", "output", "adapter", "iteration")  # the replay's own
+
+
+def original_options(run: Path, iteration: int) -> dict:
+    """train-rm's options of `iteration` (or of the nearest later iteration whose adapter
+    the loop kept: the loop passes the same table every iteration)."""
+    for it_dir in sorted(run.glob("iter_*")):
+        if int(it_dir.name.split("_")[1]) >= iteration:
+            meta = it_dir / "rm" / "rlany.json"
+            if meta.exists():
+                return json.loads(meta.read_text())["options"]
+    raise SystemExit(f"{run}: no iter_*/rm/rlany.json at or after iteration {iteration}")
+
+
+def flags(options: dict) -> list[str]:
+    """The train-rm command-line flags of `options` (the I/O ones left out)."""
+    out = []
+    for key, value in options.items():
+        if key in SKIP or value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a loop run directory (RUN/iter_*/scored.jsonl)")
+    ap.add_argument("out", type=Path, help="the replay's directory (OUT/iter_*/rm)")
+    ap.add_argument("--from-iteration", type=int, default=0)
+    ap.add_argument("--iterations", type=int, help="replay this many (default: all saved)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--no-heldout", action="store_true", help="train only")
+    args = ap.parse_args(argv)
+    overrides = dict(s.split("=", 1) for s in args.set)
+    todo = [d for d in sorted(args.run.glob("iter_*"))
+            if int(d.name.split("_")[1]) >= args.from_iteration
+            and (d / "scored.jsonl").exists()][:args.iterations]
+    if not todo:
+        raise SystemExit(f"{args.run}: no iter_*/scored.jsonl from iteration "
+                         f"{args.from_iteration}")
+    first = args.from_iteration
+    adapter = (args.run / f"iter_{first - 1:03d}" / "rm") if first else None
+    if adapter is not None and not (adapter / "adapter_config.json").exists():
+        raise SystemExit(f"{adapter}: not on disk (the loop keeps the last keep_last)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = {"run": str(args.run), "from_iteration": first, "overrides": overrides,
+              "iterations": []}
+    for it_dir in todo:
+        k = int(it_dir.name.split("_")[1])
+        options = {**original_options(args.run, k), **overrides}
+        out = args.out / it_dir.name / "rm"
+        if not (out / "adapter_config.json").exists():
+            cmd = [sys.executable, "-m", "rlany", "train-rm", "-i", str(it_dir / "scored.jsonl"),
+                   "-o", str(out), "--iteration", str(k), *flags(options)]
+            if adapter is not None:
+                cmd += ["--adapter", str(adapter)]
+            (args.out / it_dir.name).mkdir(exist_ok=True)
+            subprocess.run(cmd, check=True)  # its metrics: OUT/iter_*/rm.metrics.jsonl
+        adapter = out
+        record["iterations"].append({"iteration": k, "options": options})
+    (args.out / "replay.json").write_text(json.dumps(record, indent=1) + "\n")
+    if not args.no_heldout:
+        base = args.run.parent / "judge_heldout_base.json"
+        mine = args.out.parent / "judge_heldout_base.json"
+        if base.exists() and not mine.exists():
+            mine.write_text(base.read_text())
+        subprocess.run([sys.executable, str(HERE / "judge_heldout.py"), str(args.out)],
+                       check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
