@@ -47,6 +47,16 @@ def p_positive(model, prompts, at, pad: int) -> list[float]:
     return out
 
 
+def auc(labels, p) -> float:
+    """P(a good step's P(+1) > a bad step's), ties half: how well the judge ranks the steps
+    whatever its threshold (balanced accuracy reads the greedy verdict only, so a judge that
+    ranks well but whose P(+1) drifted below 0.5 everywhere scores 0.5 there)."""
+    good = [x for x, lab in zip(p, labels) if lab > 0]
+    bad = [x for x, lab in zip(p, labels) if lab <= 0]
+    wins = sum((g > b) + 0.5 * (g == b) for g in good for b in bad)
+    return round(wins / (len(good) * len(bad)), 4) if good and bad else 0.5
+
+
 def bootstrap_gain(rows, labels, base, trained, n: int = 2000, seed: int = 0) -> list[float]:
     """95% interval of balanced accuracy (trained - base), resampling tasks."""
     tasks = sorted({r["task"] for r in rows})
@@ -94,6 +104,9 @@ def main(argv=None) -> int:
                     "judge_capacity.py: episodes drawn with seed + 1)")
     ap.add_argument("--limit", type=int, help="only the first N steps (a smoke test; the "
                     "results file is not written)")
+    ap.add_argument("--only", metavar="NAME", help="score only this judge of each run "
+                    "(e.g. iter_002; ~4 minutes a judge on 2 cores); the others keep "
+                    "what an earlier call wrote")
     args = ap.parse_args(argv)
     import torch
     from peft import PeftModel
@@ -115,20 +128,29 @@ def main(argv=None) -> int:
                                        lambda: p_positive(net, prompts, at, pad))
     for run in args.runs:
         judges = {"base": {"bal_acc": round(balanced_accuracy(labels, base, None), 4),
-                           "pos_share": round(sum(p > 0.5 for p in base) / len(base), 4)}}
+                           "pos_share": round(sum(p > 0.5 for p in base) / len(base), 4),
+                           "auc": auc(labels, base)}}
         final = None
+        saved = run / "judge_heldout.json"
+        earlier = json.loads(saved.read_text())["judges"] if saved.exists() else {}
         # the judge warm start's supervised judge (if any), then each iteration's
         for it_dir in [run / "judge_warm_start", *sorted(run.glob("iter_*"))]:
             adapter = it_dir / "rm"
             if not (adapter / "adapter_config.json").exists():
                 continue
+            key = "warm" if it_dir.name == "judge_warm_start" else it_dir.name
+            if args.only and key != args.only:
+                if key in earlier:
+                    judges[key] = earlier[key]
+                    final = key
+                continue
             model = PeftModel.from_pretrained(net, str(adapter)).eval()
             p = p_positive(model, prompts, at, pad)
             net = model.unload()  # the base weights again, the adapter's layers out
-            key = "warm" if it_dir.name == "judge_warm_start" else it_dir.name
             judges[key] = {
                 "bal_acc": round(balanced_accuracy(labels, p, None), 4),
                 "pos_share": round(sum(x > 0.5 for x in p) / len(p), 4),
+                "auc": auc(labels, p), "p_positive": [round(x, 5) for x in p],
                 "gain": round(balanced_accuracy(labels, p, None)
                               - balanced_accuracy(labels, base, None), 4),
                 "gain_ci95": bootstrap_gain(rows, labels, base, p)}
@@ -140,7 +162,8 @@ def main(argv=None) -> int:
                   "seconds_per_judge": round(base_seconds, 1)}
         if not args.limit:
             (run / "judge_heldout.json").write_text(json.dumps(result, indent=1) + "\n")
-        print(json.dumps({"run": str(run), **judges}), flush=True)
+        print(json.dumps({"run": str(run), **{k: {m: v for m, v in j.items() if m != "p_positive"}
+                                              for k, j in judges.items()}}), flush=True)
     return 0
 
 

@@ -94,6 +94,16 @@ def _eval(path: Path) -> dict | None:
             "success": e["success_rate"], "judge_step_accuracy": e.get("judge_step_accuracy")}
 
 
+def heldout_summary(path: Path) -> dict | None:
+    """judge_heldout.py's result without its per-step P(+1) lists (they stay in the run)."""
+    if not path.exists():
+        return None
+    d = json.loads(path.read_text())
+    for j in d["judges"].values():
+        j.pop("p_positive", None)
+    return d
+
+
 def judge_on_rollouts(it_dir: Path) -> dict | None:
     """The judge's verdicts on one iteration's rollouts against the env's step labels
     (balanced accuracy) and its share of +1 verdicts, read from the iteration's files (so
@@ -142,8 +152,7 @@ def summarize_run(run: Path) -> dict | None:
             "judge_on_rollouts": [judge_on_rollouts(d) for d in sorted(run.glob("iter_*"))],
             "seconds": round(sum(sum((m.get("seconds") or {}).values()) for m in metrics), 1),
             # base and trained judges on fixed held-out labelled steps (judge_heldout.py)
-            "judge_heldout": json.loads((run / "judge_heldout.json").read_text())
-            if (run / "judge_heldout.json").exists() else None,
+            "judge_heldout": heldout_summary(run / "judge_heldout.json"),
             # the run's own resolved config: what it ran with, also under --report-only
             "config": json.loads((run / "config.json").read_text())
             if (run / "config.json").exists() else None}

@@ -64,6 +64,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, help="replay this many (default: all saved)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--no-heldout", action="store_true", help="train only")
+    ap.add_argument("--heldout", choices=("final", "all"), default="final",
+                    help="score the last replayed judge only (the default), or each one "
+                    "(~4 minutes a judge on 2 cores)")
     args = ap.parse_args(argv)
     overrides = dict(s.split("=", 1) for s in args.set)
     todo = [d for d in sorted(args.run.glob("iter_*"))
@@ -98,7 +101,8 @@ def main(argv=None) -> int:
         mine = args.out.parent / "judge_heldout_base.json"
         if base.exists() and not mine.exists():
             mine.write_text(base.read_text())
-        subprocess.run([sys.executable, str(HERE / "judge_heldout.py"), str(args.out)],
+        only = [] if args.heldout == "all" else ["--only", todo[-1].name]
+        subprocess.run([sys.executable, str(HERE / "judge_heldout.py"), str(args.out), *only],
                        check=True)
     return 0
 
