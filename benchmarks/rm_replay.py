@@ -17,6 +17,10 @@ snake_case).
 
     python benchmarks/rm_replay.py runs/learning-judge/rm-s2 replay/s2-linear \\
         --from-iteration 2 --set lr_schedule=linear
+
+`--summary NAME RUN=REPLAY ...` writes benchmarks/results/NAME.json (and .md): for each
+pair, the run's final judge and the replay's on the held-out steps, and the mean gain over
+the pairs (seeds) with its 95% t-interval, for the run as it ran and for the replay.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
 SKIP = ("input", "output", "adapter", "iteration")  # the replay's own
 
 
@@ -56,7 +61,59 @@ def flags(options: dict) -> list[str]:
     return out
 
 
+def final_judge(run: Path) -> dict:
+    d = json.loads((run / "judge_heldout.json").read_text())
+    return {"judge": d["final"], **{k: v for k, v in d["judges"][d["final"]].items()
+                                    if k != "p_positive"},
+            "base_bal_acc": d["judges"]["base"]["bal_acc"]}
+
+
+def summary(name: str, pairs: list[str]) -> int:
+    """benchmarks/results/NAME.json and .md from RUN=REPLAY pairs (one per seed)."""
+    from common import save
+    from learning import _t_interval
+
+    rows = []
+    for pair in pairs:
+        run, replay = (Path(x) for x in pair.split("=", 1))
+        rows.append({"run": str(run), "replay": str(replay),
+                     "overrides": json.loads((replay / "replay.json").read_text())["overrides"],
+                     "as_run": final_judge(run), "replayed": final_judge(replay)})
+
+    def mean_gain(key):
+        gains = [r[key]["gain"] for r in rows]
+        return {"value": round(sum(gains) / len(gains), 4), "ci95": _t_interval(gains),
+                "per_seed": gains}
+
+    result = {"what": "held-out judge step accuracy (judge_heldout.py), final minus base: each "
+                      "run's reward-model training as it ran, and replayed on the same saved "
+                      "rollouts with other train-rm options (rm_replay.py)",
+              "pairs": rows, "judge_gain_as_run": mean_gain("as_run"),
+              "judge_gain_replayed": mean_gain("replayed")}
+    path = save(name, result)
+    lines = ["| run | as run: bal. acc (AUC) | replayed: bal. acc (AUC) | replay options |",
+             "|---|---|---|---|"]
+    for r in rows:
+        a, b = r["as_run"], r["replayed"]
+        lines.append(f"| {Path(r['run']).name} | {a['bal_acc']:.3f} ({a.get('auc', '-')}) | "
+                     f"{b['bal_acc']:.3f} ({b.get('auc', '-')}) | "
+                     f"{' '.join(f'{k}={v}' for k, v in r['overrides'].items())} |")
+    for key, label in (("judge_gain_as_run", "as run"), ("judge_gain_replayed", "replayed")):
+        g = result[key]
+        ci = "-" if g["ci95"] is None else f"{g['ci95'][0]:+.3f} to {g['ci95'][1]:+.3f}"
+        lines.append(f"\njudge_gain {label}: {g['value']:+.3f} (95% {ci}, {len(rows)} seeds)")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--summary"]:
+        if len(argv) < 3:
+            raise SystemExit("usage: rm_replay.py --summary NAME RUN=REPLAY [RUN=REPLAY ...]")
+        return summary(argv[1], argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a loop run directory (RUN/iter_*/scored.jsonl)")
     ap.add_argument("out", type=Path, help="the replay's directory (OUT/iter_*/rm)")

@@ -4,8 +4,9 @@ Requests are grouped by (adapter, sampling settings) and generated in left-padde
 of up to `batch_size` sequences; the `n` samples of a request are `n` rows of one batch
 that share one prefill of the prompt (its KV cache is repeated n times).
 Log-probs are those of the untempered policy at the sampled tokens: log_softmax of the raw
-logits (`output_logits=True`; `output_scores` would be after temperature, top-p and the
-choice mask), so they equal a trainer's forward pass (checked in tests to 1e-4, fp32).
+logits, kept one step at a time as they are sampled (`rlany.engines.hf_logprobs`; the
+processed scores would be after temperature, top-p and the choice mask), so they equal a
+trainer's forward pass (checked in tests to 1e-4, fp32).
 `Sampling.choices` (constrained decoding) is a per-row token trie given to `generate` as
 `prefix_allowed_tokens_fn`: each choice's own tokenization (the canonical tokens), then
 EOS. A request's `continuation` ids follow its rendered prompt. A completion ended by a
@@ -15,6 +16,7 @@ text ends before the stop string.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from itertools import groupby
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from rlany.chat import render
 from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
+from rlany.engines.hf_logprobs import SampledLogprobs
 from rlany.errors import RlanyError
 from rlany.probe import Verifier, forward_logprobs
 from rlany.shared_prefix import shareable, shared_logits
@@ -64,8 +67,6 @@ class HfEngine:
 
     def _use_adapter(self, adapter: str | None):
         """Return a context in which the network runs with `adapter` (or the base model)."""
-        import contextlib
-
         if adapter is None:
             if self._adapters:
                 return self.net.disable_adapter()
@@ -124,7 +125,7 @@ class HfEngine:
         width = ids.shape[1]
         torch.manual_seed(s.seed if s.seed is not None else self.seed + self.stats.calls)
         kwargs = dict(max_new_tokens=s.max_tokens, pad_token_id=self._pad,
-                      return_dict_in_generate=True, output_logits=s.logprobs)
+                      return_dict_in_generate=True)
         if s.temperature > 0:
             kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p)
         else:
@@ -145,20 +146,19 @@ class HfEngine:
                                   **keep).past_key_values
                 prefix.batch_repeat_interleave(n)
                 kwargs["past_key_values"] = prefix
-            out = self.net.generate(input_ids=ids.repeat_interleave(n, 0),
-                                    attention_mask=mask.repeat_interleave(n, 0), **kwargs)
+            kept = SampledLogprobs(_transformers_model(self.net))
+            with kept if s.logprobs else contextlib.nullcontext():
+                out = self.net.generate(input_ids=ids.repeat_interleave(n, 0),
+                                        attention_mask=mask.repeat_interleave(n, 0), **kwargs)
         gen = out.sequences[:, width:].tolist()
+        sampled = kept.rows(out.sequences[:, width:]) if s.logprobs else None
         for row in range(len(gen)):
             i, prompt = idx[row // n], prompts[row // n]
             tokens, finish, reason = self._ending(gen[row], s.stop)
             text = self.decode(tokens)
             if reason is not None:
                 text = text[:text.find(reason)]
-            logprobs = None
-            if s.logprobs:  # raw logits: the untempered policy
-                logits = torch.stack([step[row] for step in out.logits[:len(tokens)]])
-                logprobs = torch.log_softmax(logits.float(), -1).gather(
-                    -1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0].tolist()
+            logprobs = sampled[row][:len(tokens)] if s.logprobs else None  # untempered
             if results[i] is None:
                 results[i] = Result(prompt_token_ids=prompt, completions=[])
             results[i].completions.append(Completion(text=text, token_ids=tokens,
@@ -341,6 +341,11 @@ class HfEngine:
 
     def close(self) -> None:
         del self.net
+
+
+def _transformers_model(net):
+    """The model whose forward `generate` runs (under a PEFT wrapper, its base model)."""
+    return net.get_base_model() if hasattr(net, "get_base_model") else net
 
 
 def _group_key(r: Request) -> tuple:
