@@ -14,9 +14,11 @@ Three ways, alternated round by round, run alone on the machine:
                (`rlany.engines.hf_logprobs`)
 
 Reports seconds per call (median and each round), new tokens and tokens/s per way, and
-rlany / plain. Writes benchmarks/results/hf_generate.json (with the machine's CPU flags).
+rlany / plain (target: <= 1). Writes benchmarks/results/hf_generate-CAPABILITY-DTYPE.json
+(with the machine's CPU flags), so each CPU setting keeps its own result:
 
     python benchmarks/bench_hf_generate.py --rounds 3
+    ATEN_CPU_CAPABILITY=avx2 python benchmarks/bench_hf_generate.py --rounds 3
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save  # noqa: E402
+from common import machine, save  # noqa: E402
 
 PROMPTS, SAMPLES, MAX_NEW = 8, 8, 96
 
@@ -92,15 +94,18 @@ def main(argv=None) -> int:
                       "tokens_per_s": round(sum(x["new_tokens"] for x in v)
                                             / sum(x["seconds"] for x in v), 1),
                       "rounds": v} for name, v in runs.items()}
-    result = {"what": f"{PROMPTS} prompts x {SAMPLES} samples x up to {MAX_NEW} new tokens, "
+    ratio = round(summary["rlany"]["median_seconds"] / summary["plain"]["median_seconds"], 3)
+    result = {"metric": "seconds of rlany's generation / a plain `generate`'s, same work",
+              "ratio": ratio, "target": "<= 1", "met": ratio <= 1, "dtype": args.dtype,
+              "what": f"{PROMPTS} prompts x {SAMPLES} samples x up to {MAX_NEW} new tokens, "
                       f"temperature 1, {args.dtype}, SmolLM2-135M-Instruct, torch threads "
                       f"{torch.get_num_threads()}",
               "ways": summary,
-              "rlany_over_plain_seconds": round(summary["rlany"]["median_seconds"]
-                                                / summary["plain"]["median_seconds"], 3),
+              "rlany_over_plain_seconds": ratio,
               "logits_over_plain_seconds": round(summary["logits"]["median_seconds"]
                                                  / summary["plain"]["median_seconds"], 3)}
-    path = save("hf_generate", result)
+    capability = str(machine()["profile"]["cpu_capability"]).lower()
+    path = save(f"hf_generate-{capability}-{args.dtype}", result)
     print(path, {k: v for k, v in result.items() if k != "ways"})
     return 0
 

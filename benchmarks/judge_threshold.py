@@ -9,10 +9,12 @@ and a few noisy batches move all of them across it. This measures, for a run's f
 (its `judge_heldout.json` must hold `p_positive`): P(+1) on the steps the judge was trained
 on (every iteration's scored steps with an `rm_target`), the threshold t that maximizes
 balanced accuracy against sign(rm_target) there (label-free: outcomes only), and the
-held-out balanced accuracy against the env's labels at 0.5 and at t.
+held-out balanced accuracy against the env's labels at 0.5 and at t. Twice: t from every
+iteration's steps, and t from the final judge's own iteration only (the steps its last
+train-rm saw: "own_*" fields).
 
-    python benchmarks/judge_threshold.py replay/chain-linear-s0 [RUN ...] \\
-        [--source runs/learning-judge/rm-s0 ...]
+    python benchmarks/judge_threshold.py runs/learning-judge-logloss/rm-s0 [RUN ...] \\
+        [--name judge-threshold-logloss]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from common import save  # noqa: E402
 from judge_capacity import HELD_OUT, balanced_accuracy, episodes, judged_steps  # noqa: E402
 from judge_heldout import p_positive  # noqa: E402
 
@@ -48,6 +51,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="judge-threshold",
+                    help="benchmarks/results/NAME.json")
     args = ap.parse_args(argv)
     import torch
     from peft import PeftModel
@@ -73,9 +78,11 @@ def main(argv=None) -> int:
         p_held = held["judges"][final]["p_positive"]
         replay = run / "replay.json"
         source = Path(json.loads(replay.read_text())["run"]) if replay.exists() else run
-        raw = []
+        raw, own = [], 0  # own: where the final judge's own iteration's steps begin
         for scored in sorted(source.glob("iter_*/scored.jsonl")):
             recs = [rec for _, rec in JsonlReader(scored, Scored, "scored")]
+            if scored.parent.name == final:
+                own = len(raw)
             raw += list(verdict_samples(recs, VERDICT_CHOICES))
         prompts = [render(tok, r.messages) + at.prefix for r in raw]
         targets = [1 if r.target > 0 else -1 for r in raw]
@@ -92,8 +99,19 @@ def main(argv=None) -> int:
                "heldout_bal_acc_at_0.5": round(bal_at(labels, p_held, 0.5), 4),
                "heldout_bal_acc_at_t": round(bal_at(labels, p_held, t), 4),
                "heldout_best_possible": round(best_threshold(labels, p_held)[1], 4)}
+        if len(set(targets[own:])) == 2:
+            own_t, own_acc = best_threshold(targets[own:], p_train[own:])
+            row.update({"own_steps": len(raw) - own, "own_threshold": round(own_t, 4),
+                        "own_train_bal_acc_at_t": round(own_acc, 4),
+                        "own_heldout_bal_acc_at_t": round(bal_at(labels, p_held, own_t), 4)})
         out.append(row)
         print(json.dumps(row), flush=True)
+    save(args.name, {"what": "each trained judge's verdict threshold: P(+1) on its own "
+                             "training steps, the threshold t maximizing balanced accuracy "
+                             "against the outcome there (no labels), and held-out balanced "
+                             "accuracy (judge_heldout.py's labelled steps) at 0.5 and at t; "
+                             "own_*: t from the final judge's own iteration only",
+                  "judges": out})
     return 0
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, write_readme_block  # noqa: E402
 
-OWN_TABLES = ("learning", "sweep")  # and their variants (learning-reduced, sweep-reasoning)
+OWN_TABLES = ("learning", "sweep", "judge")  # and their variants (learning-reduced,
+# sweep-reasoning); judge-*: the judge's analyses, read in their own README section
 
 
 def _training(r: dict) -> str:
@@ -77,7 +78,14 @@ def _shared_prefix(r: dict) -> str:
             f"to {r['loss_max_relative_difference']:.0e}")
 
 
-FORMAT = {"shared_prefix": _shared_prefix, "score": _score, "training": _training,
+def _hf_generate(r: dict) -> str:
+    w = r["ways"]
+    return (f"{r['ratio']} ({w['rlany']['median_seconds']} vs {w['plain']['median_seconds']} s "
+            f"median per call); the old full-logits read-out {r['logits_over_plain_seconds']}")
+
+
+FORMAT = {"shared_prefix": _shared_prefix, "hf_generate": _hf_generate, "score": _score,
+          "training": _training,
           "trl": _trl, "memory": _memory,
           "engines": _engines, "sandbox": _sandbox, "generation": _generation,
           "bench_loop": _loop}
@@ -91,7 +99,7 @@ def row(r: dict) -> str:
                                f"`auto` dtype {prof.get('dtype')}")
     where = (f"{cuda}" if cuda else f"{m.get('cpus')}-core CPU, {prof.get('cpu_capability')}"
              ) + f", {dtype}, {str(m.get('date', ''))[:10]}"
-    fmt = FORMAT.get(r["benchmark"])
+    fmt = FORMAT.get(r["benchmark"].split("-")[0])  # hf_generate-avx2-float32: hf_generate
     try:
         measured = fmt(r) if fmt else str(r.get("ratio"))
     except (KeyError, TypeError):  # a result from an older version of the script

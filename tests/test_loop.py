@@ -371,7 +371,7 @@ def test_a_verdict_only_judge_is_trained_with_the_verdict_objective(tmp_path, ti
     loop = _run(config)
     trained = [json.loads((loop.dir / f"iter_{it:03d}" / "rm" / "rlany.json").read_text())
                for it in (0, 1) if (loop.dir / f"iter_{it:03d}" / "rm").exists()]
-    assert trained and all(t["options"]["objective"] == "expected" for t in trained)
+    assert trained and all(t["options"]["objective"] == "logloss" for t in trained)
     judged = [j for j in read_jsonl(loop.dir / "iter_000" / "judgments.jsonl") if j["steps"]]
     assert judged and all(s["text"] in ("\\boxed{+1}", "\\boxed{-1}")
                           for j in judged for st in j["steps"] for s in st["samples"])

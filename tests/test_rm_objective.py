@@ -190,12 +190,12 @@ def test_verdict_objective_refuses_reasoning_and_old_records(tiny_model, tmp_pat
     assert not (tmp_path / "rm").exists()
 
 
-def test_auto_objective_is_expected_for_bare_verdicts_and_pg_for_reasoning(tmp_path):
+def test_auto_objective_is_logloss_for_bare_verdicts_and_pg_for_reasoning(tmp_path):
     from rlany.stages.train_rm import _auto_objective
 
     toy = _toy(4)
     bare = write_jsonl(tmp_path / "bare.jsonl", toy)
-    assert _auto_objective(bare, "bare.jsonl") == "expected"
+    assert _auto_objective(bare, "bare.jsonl") == "logloss"
     reasoning = [Scored(**{**t.__dict__, "steps": [ScoredStep(**{
         **t.steps[0].__dict__, "judge": [ScoredJudgeSample(
             text="Fine. \\boxed{+1}", score=1, reward=0.0, advantage=0.0, keep=True)]})]})

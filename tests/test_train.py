@@ -89,7 +89,9 @@ def _lora_params(model):
 
 
 def _train(tiny_model, tmp_path, name, samples=None, **kw):
-    opts = TrainOptions(output="unused", lr=1e-2, seed=0, **kw)
+    """fp32 unless told: the exactness tests compare runs to 1e-5, and `auto` is bf16 on a
+    CPU with bf16 units."""
+    opts = TrainOptions(output="unused", lr=1e-2, seed=0, **{"dtype": "float32", **kw})
     model, tok = load_model(tiny_model, None, opts)
     samples = samples if samples is not None else _samples(tok)
     logs = []
@@ -162,7 +164,7 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path, schedule):
         pass
 
     opts = TrainOptions(output="unused", lr=1e-2, seed=0, micro_batch=2, grad_accum=1,
-                        lr_schedule=schedule)
+                        lr_schedule=schedule, dtype="float32")
     model, tok = load_model(tiny_model, None, opts)
 
     def die_after_two(record):
@@ -176,7 +178,7 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path, schedule):
     assert not (tmp_path / "resumed").exists()          # no half checkpoint
     # other batching (here: another seed's sample order) must not continue that state
     other = TrainOptions(output="unused", lr=1e-2, seed=1, micro_batch=2, grad_accum=1,
-                         lr_schedule=schedule)
+                         lr_schedule=schedule, dtype="float32")
     model, tok = load_model(tiny_model, None, other)
     with pytest.raises(RlanyError, match="other samples or batching"):
         train(_samples(tok), model, tok, other, tmp_path / "resumed", {"data_sha256": "x"},
@@ -188,8 +190,9 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path, schedule):
     assert logs[0] == {"event": "resume", "step": 1}
     assert [r["step"] for r in logs[1:]] == [2, 3, 4]
     pf, pr = _lora_params(full), _lora_params(model)
-    for k in pf:
-        assert torch.allclose(pf[k], pr[k], atol=1e-5), k
+    for k in pf:  # (a lost optimizer state or step moves weights by ~1e-3 at this rate;
+        # AVX-512 kernels leave fp32 runs ~1e-5 apart)
+        torch.testing.assert_close(pr[k], pf[k], rtol=1e-4, atol=5e-5, msg=k)
 
 
 def test_plan_covers_every_sample_once_per_epoch():

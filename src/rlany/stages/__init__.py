@@ -109,12 +109,13 @@ COMMANDS = (
     Command("train-rm", train_rm, train_rm.TrainRmOptions, "borrows",
         "Update the generative reward model with consistency feedback (R = O + lambda * "
         "mean(S) from `rlany score`). A judge of bare verdicts (judge --max-tokens 0) is "
-        "trained on each judged step's verdict token, its expected consistency reward "
-        "computed exactly (--objective expected, the default there); a reasoning judge on "
-        "each kept sample, PPO weighted by its consistency advantage (pg).",
+        "trained on each judged step's verdict token: the log-likelihood of the verdict that "
+        "agrees with the consistency reward (--objective logloss, the default there); a "
+        "reasoning judge on each kept sample, PPO weighted by its consistency advantage "
+        "(pg).",
         examples=(
             "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2",
-            "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2 --objective logloss",
+            "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2 --objective expected",
             "rlany judge -i traj.jsonl -o judgments.jsonl --model smollm2 --adapter ckpt/rm-1",
         )),
     Command("sft", sft, sft.SftOptions, "borrows",

@@ -3,9 +3,9 @@
 target R is each scored step's `rm_target`, the trajectory's outcome O by default).
 
 A judge of bare verdicts (`judge --max-tokens 0`) is trained on each judged step's verdict
-token, its expected consistency reward computed exactly (`--objective expected`, the
-default there; `logloss` the log-likelihood of the verdict that agrees with R; the math is
-`rlany.training.verdict`'s). A reasoning judge is trained on each kept sample, PPO weighted
+token: the log-likelihood of the verdict that agrees with R (`--objective logloss`, the
+default there) or its expected consistency reward computed exactly (`expected`); the math
+is `rlany.training.verdict`'s. A reasoning judge is trained on each kept sample, PPO weighted
 by its consistency advantage (`pg`). The file driver and the update are the shared
 trainer's (`rlany.training`).
 """
@@ -34,7 +34,7 @@ class TrainRmOptions(TrainOptions):
                          "agrees with R, on the verdict token alone. pg: PPO on each kept "
                          "sampled judge output (reasoning and verdict), weighted by its "
                          "consistency advantage (the reference implementation's estimator). "
-                         "auto: expected where the judge gave bare verdicts, else pg "
+                         "auto: logloss where the judge gave bare verdicts, else pg "
                          "(stages/train-rm/README.md).",
                          choices=("auto", *VERDICT_OBJECTIVES, "pg"))
     balance: bool = opt(True, "expected / logloss: weigh the steps with R > 0 and those with "
@@ -76,7 +76,7 @@ def _plan(opts: TrainRmOptions, path: Path):
 
 
 def _auto_objective(path, name: str) -> str:
-    """--objective auto: "expected" (rlany.training.verdict) where the steps with
+    """--objective auto: "logloss" (rlany.training.verdict) where the steps with
     reward-model data were judged with bare verdicts (`judge --max-tokens 0`), else "pg"."""
     from rlany.jsonl import JsonlReader
     from rlany.prompts import VERDICT_CHOICES
@@ -89,4 +89,4 @@ def _auto_objective(path, name: str) -> str:
                 if any(j.text not in VERDICT_CHOICES for j in step.judge):
                     return "pg"
                 bare = True
-    return "expected" if bare else "pg"
+    return "logloss" if bare else "pg"

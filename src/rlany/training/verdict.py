@@ -27,10 +27,12 @@ as the judge grows confident, right or wrong. `logloss` has the same fixed point
 whose R has one sign (the verdict matching it) but its gradient (1 - q(c*)) does not fade
 while the judge is wrong, and over steps that look alike it makes q₊ the R-weighted share
 of those with R > 0 (a calibrated verdict, where `expected` pushes q to 0 or 1). R is a
-noisy label for a step (a good step in a failed episode has R < 0): the bounded `expected`
-loss is the robust one under such noise, and measured so (benchmarks/judge_capacity.py,
-held-out step accuracy from the outcome alone: 0.673 / 0.690 at lr 3e-4 / 1e-3, against
-logloss's 0.593 / 0.703), hence `train-rm --objective auto`'s choice.
+noisy label for a step (a good step in a failed episode has R < 0): for one round of training
+the bounded `expected` loss measured the more robust under such noise
+(benchmarks/judge_capacity.py, held-out step accuracy from the outcome alone: 0.673 / 0.690
+at lr 3e-4 / 1e-3, against logloss's 0.593 / 0.703), but over the loop's rounds its fading
+gradient leaves a drifted verdict bias where it fell (stages/train-rm/README.md), hence
+`train-rm --objective auto`'s choice, `logloss`.
 
 Against the sampled estimator both: (1) train only the one token the judge chose between
 (the forced prefix and suffix carry no gradient); (2) keep steps whose m verdicts agree
