@@ -111,11 +111,13 @@ bench-learning-reasoning: install
 
 # The judge in the loop (issue "The judge learns"): policy-only, +rm (consistency feedback
 # alone) and full, 3 seeds each, each rm run's judge scored on fixed held-out labelled steps
-# (judge_heldout.py): benchmarks/results/learning-judge.json with judge_gain and
-# full_minus_policy_only. ~55 min a judged run on a 2-core AVX2 CPU; resumable.
+# (judge_heldout.py): benchmarks/results/learning-judge-logloss.json with judge_gain and
+# full_minus_policy_only (learn.toml's train-rm objective, logloss; learning-judge.json holds
+# the earlier `expected` runs). ~25 min a judged run on a 2-core AVX-512 CPU (bf16), ~55 on
+# AVX2 (fp32); resumable.
 bench-learning-judge: install
 	$(PY) benchmarks/learning.py --arms policy-only +rm full --seeds 0 1 2 \
-		--bench learning-judge --readme
+		--bench learning-judge-logloss --readme
 
 # Can the 135M judge learn the household step labels (supervised), and what does the
 # outcome (the consistency target) teach it? benchmarks/results/judge_capacity.json
