@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine, save  # noqa: E402
+from common import save  # noqa: E402
 
 PROMPTS, SAMPLES, MAX_NEW = 8, 8, 96
 
@@ -101,11 +101,11 @@ def main(argv=None) -> int:
                       f"temperature 1, {args.dtype}, SmolLM2-135M-Instruct, torch threads "
                       f"{torch.get_num_threads()}",
               "ways": summary,
-              "rlany_over_plain_seconds": ratio,
               "logits_over_plain_seconds": round(summary["logits"]["median_seconds"]
                                                  / summary["plain"]["median_seconds"], 3)}
-    capability = str(machine()["profile"]["cpu_capability"]).lower()
-    path = save(f"hf_generate-{capability}-{args.dtype}", result)
+    from rlany.compat import cpu_capability
+
+    path = save(f"hf_generate-{cpu_capability().lower()}-{args.dtype}", result)
     print(path, {k: v for k, v in result.items() if k != "ways"})
     return 0
 
