@@ -1,5 +1,6 @@
 """train-policy with shared prefixes computed once (`rlany.shared_prefix`, the default)
-against the plain padded batch (`--no-share-prefix`), on a real RL step's samples.
+against the plain padded batch (`--no-share-prefix`), on a real RL step's samples; and with
+`--batch-order grouped` (a step holds a task's samples, so they share more).
 
 The data (benchmarks/data/household-step.jsonl.gz) are the kept samples of one iteration of
 `examples/household/learn.toml` (SmolLM2-135M, 16 tasks x 8 rollouts: the prompts the
@@ -9,9 +10,13 @@ config's settings (micro-batch 8, q/v LoRA r16, lr 3e-4) for the same first opti
 the sides alternate and each side's best round counts. Reported: seconds per optimizer step,
 tokens the forward computes per step (shared tokens once), the speed-up, and each step's
 loss on both sides (the same numbers: the exactness the unit tests check, here on the real
-model). Run it alone on the machine.
+model). The grouped side trains other steps (other samples meet), so its losses are not
+compared, only its speed. Run it alone on the machine.
 
-    python benchmarks/bench_shared_prefix.py [--steps 6] [--rounds 2]
+    python benchmarks/bench_shared_prefix.py [--steps 6] [--rounds 2] [--dtype float32]
+    ATEN_CPU_CAPABILITY=avx2 python benchmarks/bench_shared_prefix.py   # an AVX2 CPU's kernels
+
+The result is named by the CPU setting it ran with: results/shared_prefix-avx2-float32.json.
     python benchmarks/bench_shared_prefix.py --from-scored RUN/iter_000/scored.jsonl  # the data
 """
 
@@ -76,6 +81,8 @@ def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the training dtype (float32: what a CPU without bf16 trains in)")
     parser.add_argument("--from-scored", metavar="SCORED", help="write the data file from "
                         "this scored.jsonl and stop")
     args = parser.parse_args()
@@ -88,24 +95,25 @@ def main() -> dict:
 
     base = resolve_model("smollm2")
     opts = TrainOptions(output="unused", micro_batch=8, grad_accum=1, lr=3e-4,
-                        target_modules="q_proj,v_proj", max_steps=args.steps)
+                        target_modules="q_proj,v_proj", max_steps=args.steps, dtype=args.dtype)
     _, tok = load_model(base, None, opts)
     data = load_samples(tok)
+    sides = {"shared": opts, "plain": dataclasses.replace(opts, share_prefix=False),
+             "grouped": dataclasses.replace(opts, batch_order="grouped")}
+    tokens = {side: computed_tokens(data, plan_steps(data, o, world=1), o.micro_batch,
+                                    o.share_prefix) for side, o in sides.items()}
     steps = plan_steps(data, opts, world=1)
-    tokens = {side: computed_tokens(data, steps, opts.micro_batch, side == "shared")
-              for side in ("shared", "plain")}
 
     def run(side: str) -> tuple[float, list[float]]:
         model, tok = load_model(base, None, opts)
         losses = []
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            train(data, model, tok, dataclasses.replace(opts, share_prefix=side == "shared"),
-                  Path(tmp) / "ckpt", {"data_sha256": "bench"},
+            train(data, model, tok, sides[side], Path(tmp) / "ckpt", {"data_sha256": "bench"},
                   lambda r: losses.append(r["loss"]) if "loss" in r else None)
             return time.perf_counter() - start, losses
 
-    times: dict[str, list[float]] = {"shared": [], "plain": []}
+    times: dict[str, list[float]] = {side: [] for side in sides}
     losses: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for side in times:
@@ -119,6 +127,7 @@ def main() -> dict:
     result = {"metric": "seconds per optimizer step of train-policy, shared prefixes vs the "
                         "plain padded batch (real household RL samples)",
               "speedup": round(best["plain"] / best["shared"], 3),
+              "grouped_speedup": round(best["plain"] / best["grouped"], 3),
               "target": "faster than the plain batch, the same losses",
               "met": best["plain"] > best["shared"] and worst_rel < 1e-4,
               "seconds_per_step": {k: round(t / len(steps), 2) for k, t in best.items()},
@@ -130,7 +139,8 @@ def main() -> dict:
               "runs_s": {k: [round(t, 1) for t in v] for k, v in times.items()},
               "dtype": str(load_model(base, None, opts)[0].dtype),
               "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
-    save("shared_prefix", result)
+    from rlany.compat import cpu_capability
+    save(f"shared_prefix-{cpu_capability().lower()}-{args.dtype}", result)
     return result
 
 

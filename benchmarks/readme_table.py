@@ -73,9 +73,11 @@ def _score(r: dict) -> str:
 
 def _shared_prefix(r: dict) -> str:
     s, t = r["seconds_per_step"], r["computed_tokens_per_step"]
+    grouped = (f"; --batch-order grouped {r['grouped_speedup']}x ({s['grouped']} s, "
+               f"{t['grouped']} tokens)" if "grouped_speedup" in r else "")
     return (f"{r['speedup']}x ({s['shared']} vs {s['plain']} s per optimizer step of "
             f"{r['micro_batch']}; {t['shared']} vs {t['plain']} tokens computed), losses equal "
-            f"to {r['loss_max_relative_difference']:.0e}")
+            f"to {r['loss_max_relative_difference']:.0e}{grouped}")
 
 
 def _hf_generate(r: dict) -> str:

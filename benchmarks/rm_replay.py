@@ -18,6 +18,11 @@ snake_case).
     python benchmarks/rm_replay.py runs/learning-judge/rm-s2 replay/s2-linear \\
         --from-iteration 2 --set lr_schedule=linear
 
+`--buffer K` trains each iteration on the scored steps of the last K iterations (its own and
+the K-1 before it, concatenated into OUT/iter_*/rm_input.jsonl; trajectory ids carry their
+iteration, so none repeats): more steps per update of the verdict's bias, which one
+iteration's 137-207 steps place poorly (LOG.md, 2026-11-25).
+
 `--summary NAME RUN=REPLAY ...` writes benchmarks/results/NAME.json (and .md): for each
 pair, the run's final judge and the replay's on the held-out steps, and the mean gain over
 the pairs (seeds) with its 95% t-interval, for the run as it ran and for the replay.
@@ -59,6 +64,19 @@ def flags(options: dict) -> list[str]:
         else:
             out += [flag, str(value)]
     return out
+
+
+def _buffered(run: Path, k: int, buffer: int, out_dir: Path) -> Path:
+    """Iteration k's training data: its own scored.jsonl, or with buffer > 1 that of the
+    last `buffer` iterations (those on disk) concatenated into OUT_DIR/rm_input.jsonl."""
+    own = run / f"iter_{k:03d}" / "scored.jsonl"
+    if buffer == 1:
+        return own
+    files = [run / f"iter_{j:03d}" / "scored.jsonl" for j in range(max(0, k - buffer + 1), k + 1)]
+    data = out_dir / "rm_input.jsonl"
+    texts = [f.read_text() for f in files if f.exists()]
+    data.write_text("".join(t if t.endswith("\n") else t + "\n" for t in texts if t))
+    return data
 
 
 def final_judge(run: Path) -> dict:
@@ -120,6 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--from-iteration", type=int, default=0)
     ap.add_argument("--iterations", type=int, help="replay this many (default: all saved)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--buffer", type=int, default=1, metavar="K",
+                    help="train each iteration on the last K iterations' scored steps")
     ap.add_argument("--no-heldout", action="store_true", help="train only")
     ap.add_argument("--heldout", choices=("final", "all"), default="final",
                     help="score the last replayed judge only (the default), or each one "
@@ -137,18 +157,24 @@ def main(argv=None) -> int:
     if adapter is not None and not (adapter / "adapter_config.json").exists():
         raise SystemExit(f"{adapter}: not on disk (the loop keeps the last keep_last)")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.buffer < 1:
+        raise SystemExit("--buffer: at least 1 (the iteration's own steps)")
+    if args.buffer > 1:
+        overrides["buffer"] = args.buffer  # recorded with the replay's options
     record = {"run": str(args.run), "from_iteration": first, "overrides": overrides,
               "iterations": []}
     for it_dir in todo:
         k = int(it_dir.name.split("_")[1])
         options = {**original_options(args.run, k), **overrides}
+        options.pop("buffer", None)  # the replay's, not train-rm's
         out = args.out / it_dir.name / "rm"
         if not (out / "adapter_config.json").exists():
-            cmd = [sys.executable, "-m", "rlany", "train-rm", "-i", str(it_dir / "scored.jsonl"),
+            (args.out / it_dir.name).mkdir(exist_ok=True)
+            data = _buffered(args.run, k, args.buffer, args.out / it_dir.name)
+            cmd = [sys.executable, "-m", "rlany", "train-rm", "-i", str(data),
                    "-o", str(out), "--iteration", str(k), *flags(options)]
             if adapter is not None:
                 cmd += ["--adapter", str(adapter)]
-            (args.out / it_dir.name).mkdir(exist_ok=True)
             subprocess.run(cmd, check=True)  # its metrics: OUT/iter_*/rm.metrics.jsonl
         adapter = out
         record["iterations"].append({"iteration": k, "options": options})

@@ -129,6 +129,21 @@ def test_a_step_changes_the_adapter_and_writes_a_loadable_checkpoint(tiny_model,
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), ckpt)
 
 
+def test_the_progress_counts_every_token_a_sample_holds(tiny_model, tmp_path):
+    _, tok = load_model(tiny_model, None, TrainOptions(output="unused"))
+    samples = _samples(tok)
+    _, logs = _train(tiny_model, tmp_path, "ckpt", samples, micro_batch=4, grad_accum=1)
+    steps = [r for r in logs if "loss" in r]
+    assert [r["of"] for r in steps] == [2, 2]  # 8 samples in steps of 4
+    # the two steps hold the 8 samples between them: prompts and responses
+    assert sum(r["sample_tokens"] for r in steps) == sum(s.length for s in samples)
+    for r in steps:
+        assert r["tokens"] < r["sample_tokens"]  # the response tokens alone are fewer
+        # both rates over the same seconds: tokens per sample as the step holds them
+        assert r["tokens_per_s"] / r["samples_per_s"] == pytest.approx(
+            r["sample_tokens"] / 4, rel=0.01)
+
+
 def test_batch_4_accum_1_equals_batch_1_accum_4(tiny_model, tmp_path):
     # Compared before the optimizer: Adam's first step is ~lr*sign(g), so parameters would
     # amplify float noise in near-zero gradients. Loss and gradient norm of the step are
@@ -195,12 +210,43 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path, schedule):
         torch.testing.assert_close(pr[k], pf[k], rtol=1e-4, atol=5e-5, msg=k)
 
 
-def test_plan_covers_every_sample_once_per_epoch():
-    samples = [Sample([1], [2], 0.0) for _ in range(10)]
-    opts = TrainOptions(output="unused", micro_batch=2, grad_accum=2, epochs=2)
+@pytest.mark.parametrize("order", ["shuffled", "grouped"])
+def test_plan_covers_every_sample_once_per_epoch(order):
+    samples = [Sample([1, i % 3], [2], 0.0) for i in range(10)]
+    opts = TrainOptions(output="unused", micro_batch=2, grad_accum=2, epochs=2,
+                        batch_order=order)
     steps = plan_steps(samples, opts, world=1)
     flat = [i for s in steps for i in s]
     assert sorted(flat) == sorted(list(range(10)) * 2) and len(steps) == 6
+
+
+def test_grouped_steps_hold_a_prompts_samples_together():
+    # 4 tasks x 4 rollouts, interleaved as a rollout file would not be
+    samples = [Sample([7, task, 9], [i], 0.0) for i in range(4) for task in range(4)]
+    orders = []
+    for seed in range(4):
+        opts = TrainOptions(output="unused", micro_batch=4, grad_accum=1, seed=seed,
+                            batch_order="grouped")
+        steps = plan_steps(samples, opts, world=1)
+        assert all(len({samples[i].prompt_ids[1] for i in st}) == 1 for st in steps)
+        orders.append([samples[st[0]].prompt_ids[1] for st in steps])
+    assert len({tuple(o) for o in orders}) > 1  # the steps' order is still drawn
+
+
+def test_grouped_steps_share_whole_prompts_with_the_same_losses(tiny_model, tmp_path):
+    """Grouped steps are where sharing goes deepest (identical prompts, only the responses
+    apart): the losses equal the plain padded batch's."""
+    _, tok = load_model(tiny_model, None, TrainOptions(output="unused"))
+    raw = [([{"role": "user", "content": f"What is {t} + {t}? Think."}], f"It is {r}.",
+            (r - 0.5) * (1 + t), True) for r in range(4) for t in range(2)]
+    samples = tokenize(tok, raw, max_len=512)[0]
+    runs = {share: [r["loss"] for r in _train(tiny_model, tmp_path, f"s{share}", samples,
+                                              micro_batch=4, grad_accum=1,
+                                              batch_order="grouped",
+                                              share_prefix=share)[1] if "loss" in r]
+            for share in (True, False)}
+    assert len(runs[True]) == 2 and all(abs(x) > 0 for x in runs[True])
+    assert runs[True] == pytest.approx(runs[False], rel=1e-4, abs=1e-6)
 
 
 def test_cli_train_policy_then_train_rm(tiny_model, tmp_path, cli):

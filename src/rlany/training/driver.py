@@ -126,7 +126,7 @@ def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
                        if plan.objective == "ppo" else "")
                 say(f"{plan.label} step {record['step']}/{record['of']}: loss "
                     f"{record['loss']:+.4f}{ppo} grad {record['grad_norm']:.3f} "
-                    f"{record['tokens_per_s']:.0f} tok/s")
+                    f"{record['samples_per_s']:.2f} samples/s {record['tokens_per_s']:.0f} tok/s")
 
         meta = {"kind": plan.kind, "objective": plan.objective, "base_model": base,
                 "init_adapter": opts.adapter,

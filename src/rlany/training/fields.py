@@ -73,6 +73,11 @@ class TrainFields:
                      choices=("auto", "float32", "bfloat16"))
     save_every: int = opt(1, "Save the resumable state every this many optimizer steps.", min=1)
     max_steps: int | None = opt(None, "Stop after this many optimizer steps.", min=1)
+    batch_order: str = opt("shuffled", "Which samples meet in an optimizer step: shuffled "
+                           "(a random permutation) or grouped (sorted by prompt, so a step "
+                           "holds a task's rollouts and shares their prompt prefixes: less "
+                           "compute with --share-prefix; the step order is still random).",
+                           choices=("shuffled", "grouped"))
     share_prefix: bool = opt(True, "Run each prefix that samples of a micro-batch share once "
                              "(the same loss and gradients, less compute; sdpa or eager "
                              "attention, else off).", diagnostic=True)
