@@ -89,7 +89,7 @@ def final_judge(run: Path) -> dict:
 def summary(name: str, pairs: list[str]) -> int:
     """benchmarks/results/NAME.json and .md from RUN=REPLAY pairs (one per seed)."""
     from common import save
-    from learning import _t_interval
+    from learning_summary import _t_interval
 
     rows = []
     for pair in pairs:

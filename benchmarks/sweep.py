@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, check_name, save, write_readme_block  # noqa: E402
-from learning import ARMS, run_loop, summarize_run  # noqa: E402
+from learning import ARMS, run_loop  # noqa: E402
+from learning_summary import summarize_run  # noqa: E402
 
 from rlany.stages.eval import gain_interval  # noqa: E402
 
