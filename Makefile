@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
 	bench-judge-capacity bench-learning-judge \
-	bench-learning-reduced bench-learning-warm bench-learning-reasoning bench-sweep \
+	bench-learning-reduced bench-learning-upper bench-learning-warm bench-learning-reasoning bench-sweep \
 	bench-sweep-reasoning lint golden docs clean
 
 install: $(VENV)/.installed-cpu
@@ -118,6 +118,18 @@ bench-learning-reasoning: install
 bench-learning-judge: install
 	$(PY) benchmarks/learning.py --arms policy-only +rm full --seeds 0 1 2 \
 		--bench learning-judge-logloss --readme
+
+# The upper bound of step feedback (issue "The judge learns", item 4): S = the env's own step
+# labels (no judge), against policy-only on the same machine, 3 seeds each; and policy-only
+# with --batch-order grouped (the faster training order) beside them:
+# benchmarks/results/learning-upper.*. ~20 min a label run, ~11 a policy-only run on a
+# 2-core AVX-512 CPU (bf16); resumable.
+bench-learning-upper: install
+	$(PY) benchmarks/learning.py --arms +step --tag label --set score.step_scores=label \
+		--seeds 0 1 2 --bench learning-upper
+	$(PY) benchmarks/learning.py --arms policy-only --tag grouped \
+		--set train_policy.batch_order=grouped --seeds 0 1 2 --bench learning-upper
+	$(PY) benchmarks/learning.py --arms policy-only --seeds 0 1 2 --bench learning-upper --readme
 
 # Can the 135M judge learn the household step labels (supervised), and what does the
 # outcome (the consistency target) teach it? benchmarks/results/judge_capacity.json

@@ -14,7 +14,8 @@ model). The grouped side trains other steps (other samples meet), so its losses 
 compared, only its speed. Run it alone on the machine.
 
     python benchmarks/bench_shared_prefix.py [--steps 6] [--rounds 2] [--dtype float32]
-    ATEN_CPU_CAPABILITY=avx2 python benchmarks/bench_shared_prefix.py   # an AVX2 CPU's kernels
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        python benchmarks/bench_shared_prefix.py          # an AVX2 CPU's kernels, here
 
 The result is named by the CPU setting it ran with: results/shared_prefix-avx2-float32.json.
     python benchmarks/bench_shared_prefix.py --from-scored RUN/iter_000/scored.jsonl  # the data
@@ -26,6 +27,7 @@ import argparse
 import dataclasses
 import gzip
 import json
+import os
 import sys
 import tempfile
 import time
@@ -35,6 +37,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import save  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "household-step.jsonl.gz"
+# the instruction-set switches of torch's own kernels, oneDNN and MKL: set to AVX2, an
+# AVX-512 machine runs what an AVX2-only one would (recorded with the result)
+ISA_SWITCHES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def load_samples(tokenizer):
@@ -138,7 +143,8 @@ def main() -> dict:
               "loss_max_relative_difference": worst_rel,
               "runs_s": {k: [round(t, 1) for t in v] for k, v in times.items()},
               "dtype": str(load_model(base, None, opts)[0].dtype),
-              "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+              "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+              "isa_switches": {k: os.environ.get(k) for k in ISA_SWITCHES}}
     from rlany.compat import cpu_capability
     save(f"shared_prefix-{cpu_capability().lower()}-{args.dtype}", result)
     return result
