@@ -17,7 +17,8 @@ compared, only its speed. Run it alone on the machine.
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
         python benchmarks/bench_shared_prefix.py          # an AVX2 CPU's kernels, here
 
-The result is named by the CPU setting it ran with: results/shared_prefix-avx2-float32.json.
+The result is named by the CPU setting it ran with: results/shared_prefix-avx2-float32.json
+on an AVX2 CPU, shared_prefix-avx2forced-float32.json with the switches set.
     python benchmarks/bench_shared_prefix.py --from-scored RUN/iter_000/scored.jsonl  # the data
 """
 
@@ -108,6 +109,10 @@ def main() -> dict:
     tokens = {side: computed_tokens(data, plan_steps(data, o, world=1), o.micro_batch,
                                     o.share_prefix) for side, o in sides.items()}
     steps = plan_steps(data, opts, world=1)
+    # what each side's steps hold (the grouped side's first steps are other samples):
+    # samples and every token of them, so seconds compare per sample and per token too
+    held = {side: [data[i].length for st in plan_steps(data, o, world=1) for i in st]
+            for side, o in sides.items()}
 
     def run(side: str) -> tuple[float, list[float]]:
         model, tok = load_model(base, None, opts)
@@ -137,6 +142,8 @@ def main() -> dict:
               "met": best["plain"] > best["shared"] and worst_rel < 1e-4,
               "seconds_per_step": {k: round(t / len(steps), 2) for k, t in best.items()},
               "computed_tokens_per_step": {k: round(t / len(steps)) for k, t in tokens.items()},
+              "sample_tokens_per_step": {k: round(sum(v) / len(steps)) for k, v in held.items()},
+              "samples_per_s": {k: round(len(held[k]) / t, 3) for k, t in best.items()},
               "samples": len(data), "optimizer_steps": len(steps),
               "micro_batch": opts.micro_batch,
               "losses": {k: [round(x, 6) for x in v] for k, v in losses.items()},
@@ -146,7 +153,8 @@ def main() -> dict:
               "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "isa_switches": {k: os.environ.get(k) for k in ISA_SWITCHES}}
     from rlany.compat import cpu_capability
-    save(f"shared_prefix-{cpu_capability().lower()}-{args.dtype}", result)
+    forced = "forced" if any(os.environ.get(k) for k in ISA_SWITCHES) else ""
+    save(f"shared_prefix-{cpu_capability().lower()}{forced}-{args.dtype}", result)
     return result
 
 

@@ -99,7 +99,10 @@ def row(r: dict) -> str:
     cuda = prof.get("cuda")
     dtype = r.get("dtype") or ("fp32" if "fp32" in str(r.get("work", "")) else
                                f"`auto` dtype {prof.get('dtype')}")
+    forced = any((r.get("isa_switches") or {}).values())  # AVX2 kernels on a wider CPU
+    native = "AVX-512" if "avx512f" in prof.get("cpu_flags", []) else "native"
     where = (f"{cuda}" if cuda else f"{m.get('cpus')}-core CPU, {prof.get('cpu_capability')}"
+             + (f" forced on an {native} CPU" if forced else "")
              ) + f", {dtype}, {str(m.get('date', ''))[:10]}"
     fmt = FORMAT.get(r["benchmark"].split("-")[0])  # hf_generate-avx2-float32: hf_generate
     try:
