@@ -14,11 +14,14 @@ Three ways, alternated round by round, run alone on the machine:
                (`rlany.engines.hf_logprobs`)
 
 Reports seconds per call (median and each round), new tokens and tokens/s per way, and
-rlany / plain (target: <= 1). Writes benchmarks/results/hf_generate-CAPABILITY-DTYPE.json
-(with the machine's CPU flags), so each CPU setting keeps its own result:
+rlany / plain (target: <= 1). Writes benchmarks/results/hf_generate-SETTING.json (with the
+machine's CPU flags; SETTING as common.cpu_setting names it, e.g. avx2-float32 on an AVX2
+CPU, avx2forced-float32 with the instruction-set switches), so each CPU setting keeps its
+own result:
 
     python benchmarks/bench_hf_generate.py --rounds 3
-    ATEN_CPU_CAPABILITY=avx2 python benchmarks/bench_hf_generate.py --rounds 3
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        python benchmarks/bench_hf_generate.py --rounds 3
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save  # noqa: E402
+from common import cpu_setting, save  # noqa: E402
 
 PROMPTS, SAMPLES, MAX_NEW = 8, 8, 96
 
@@ -103,9 +106,8 @@ def main(argv=None) -> int:
               "ways": summary,
               "logits_over_plain_seconds": round(summary["logits"]["median_seconds"]
                                                  / summary["plain"]["median_seconds"], 3)}
-    from rlany.compat import cpu_capability
-
-    path = save(f"hf_generate-{cpu_capability().lower()}-{args.dtype}", result)
+    setting, result["isa_switches"] = cpu_setting(args.dtype)
+    path = save(f"hf_generate-{setting}", result)
     print(path, {k: v for k, v in result.items() if k != "ways"})
     return 0
 

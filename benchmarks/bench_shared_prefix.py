@@ -16,10 +16,11 @@ compared, only its speed. Run it alone on the machine.
     python benchmarks/bench_shared_prefix.py [--steps 6] [--rounds 2] [--dtype float32]
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
         python benchmarks/bench_shared_prefix.py          # an AVX2 CPU's kernels, here
-
-The result is named by the CPU setting it ran with: results/shared_prefix-avx2-float32.json
-on an AVX2 CPU, shared_prefix-avx2forced-float32.json with the switches set.
     python benchmarks/bench_shared_prefix.py --from-scored RUN/iter_000/scored.jsonl  # the data
+
+The result is named by the CPU setting it ran with (common.cpu_setting):
+results/shared_prefix-avx2-float32.json on an AVX2 CPU, shared_prefix-avx2forced-float32.json
+with the instruction-set switches set.
 """
 
 from __future__ import annotations
@@ -28,20 +29,15 @@ import argparse
 import dataclasses
 import gzip
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save  # noqa: E402
+from common import cpu_setting, save  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "household-step.jsonl.gz"
-# the instruction-set switches of torch's own kernels, oneDNN and MKL: set to AVX2, an
-# AVX-512 machine runs what an AVX2-only one would (recorded with the result)
-ISA_SWITCHES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-
 
 def load_samples(tokenizer):
     from rlany.training.samples import RawSample, tokenize
@@ -106,13 +102,13 @@ def main() -> dict:
     data = load_samples(tok)
     sides = {"shared": opts, "plain": dataclasses.replace(opts, share_prefix=False),
              "grouped": dataclasses.replace(opts, batch_order="grouped")}
-    tokens = {side: computed_tokens(data, plan_steps(data, o, world=1), o.micro_batch,
-                                    o.share_prefix) for side, o in sides.items()}
-    steps = plan_steps(data, opts, world=1)
+    plans = {side: plan_steps(data, o, world=1) for side, o in sides.items()}
+    tokens = {side: computed_tokens(data, plans[side], o.micro_batch, o.share_prefix)
+              for side, o in sides.items()}
+    steps = plans["shared"]
     # what each side's steps hold (the grouped side's first steps are other samples):
     # samples and every token of them, so seconds compare per sample and per token too
-    held = {side: [data[i].length for st in plan_steps(data, o, world=1) for i in st]
-            for side, o in sides.items()}
+    held = {side: [data[i].length for st in plan for i in st] for side, plan in plans.items()}
 
     def run(side: str) -> tuple[float, list[float]]:
         model, tok = load_model(base, None, opts)
@@ -150,11 +146,9 @@ def main() -> dict:
               "loss_max_relative_difference": worst_rel,
               "runs_s": {k: [round(t, 1) for t in v] for k, v in times.items()},
               "dtype": str(load_model(base, None, opts)[0].dtype),
-              "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-              "isa_switches": {k: os.environ.get(k) for k in ISA_SWITCHES}}
-    from rlany.compat import cpu_capability
-    forced = "forced" if any(os.environ.get(k) for k in ISA_SWITCHES) else ""
-    save(f"shared_prefix-{cpu_capability().lower()}{forced}-{args.dtype}", result)
+              "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    setting, result["isa_switches"] = cpu_setting(args.dtype)
+    save(f"shared_prefix-{setting}", result)
     return result
 
 

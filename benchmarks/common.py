@@ -27,6 +27,22 @@ def machine() -> dict:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+# the instruction-set switches of torch's own kernels, oneDNN and MKL: set to AVX2, an
+# AVX-512 machine runs what an AVX2-only one would
+ISA_SWITCHES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def cpu_setting(dtype: str) -> tuple[str, dict]:
+    """(name suffix, switches) of the CPU setting a speed result ran with: "avx2-float32" on
+    an AVX2 CPU, "avx2forced-float32" where ISA_SWITCHES forced it, so each setting keeps
+    its own results file; the switches go into the result."""
+    from rlany.compat import cpu_capability
+
+    switches = {k: os.environ.get(k) for k in ISA_SWITCHES}
+    forced = "forced" if any(switches.values()) else ""
+    return f"{cpu_capability().lower()}{forced}-{dtype}", switches
+
+
 def save(name: str, result: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -61,17 +61,17 @@ def plan_steps(samples: list[Sample], opts: TrainFields, world: int) -> list[lis
     per_step = opts.micro_batch * opts.grad_accum * world
     rng = random.Random(opts.seed)
     steps = []
-    grouped = opts.batch_order == "grouped"
-    by_prompt = sorted(range(len(samples)), key=lambda i: samples[i].prompt_ids) if grouped else []
-    chunks = [by_prompt[i:i + per_step] for i in range(0, len(by_prompt), per_step)]
-    for _ in range(opts.epochs):
-        if grouped:
+    if opts.batch_order == "grouped":
+        by_prompt = sorted(range(len(samples)), key=lambda i: samples[i].prompt_ids)
+        chunks = [by_prompt[i:i + per_step] for i in range(0, len(by_prompt), per_step)]
+        for _ in range(opts.epochs):
             rng.shuffle(chunks)
             steps += [list(c) for c in chunks]
-            continue
-        order = list(range(len(samples)))
-        rng.shuffle(order)
-        steps += [order[i:i + per_step] for i in range(0, len(order), per_step)]
+    else:
+        for _ in range(opts.epochs):
+            order = list(range(len(samples)))
+            rng.shuffle(order)
+            steps += [order[i:i + per_step] for i in range(0, len(order), per_step)]
     if opts.max_steps is not None:
         steps = steps[:opts.max_steps]
     return steps
