@@ -375,3 +375,27 @@ def test_a_verdict_only_judge_is_trained_with_the_verdict_objective(tmp_path, ti
     judged = [j for j in read_jsonl(loop.dir / "iter_000" / "judgments.jsonl") if j["steps"]]
     assert judged and all(s["text"] in ("\\boxed{+1}", "\\boxed{-1}")
                           for j in judged for st in j["steps"] for s in st["samples"])
+
+
+def test_runs_of_one_runs_dir_share_an_identical_base_evaluation(tmp_path, tiny_model):
+    from rlany.models import resolve_model
+
+    config = _config(tmp_path, tiny_model)
+
+    def first_stage(name, seed=0, sets=()):
+        loop = Loop(load_config(config, {"name": name, "seed": seed}, list(sets)), config,
+                    one_stage=True)
+        loop._engine = FakeEngine(responder, model=resolve_model(tiny_model))
+        return loop.run(), loop.dir
+
+    assert first_stage("a")[0] == "eval"
+    ran, b = first_stage("b")   # the same base evaluation: copied, so iteration 0 runs next
+    a = b.parent / "a"
+    assert ran == "rollout"
+    assert (b / "eval_base.json").read_bytes() == (a / "eval_base.json").read_bytes()
+    meta = json.loads((b / "eval_base.meta.json").read_text())
+    assert meta["reused_from"] == str(a / "eval_base.json")
+    assert meta["flags"]["output"] == str(b / "eval_base.json")
+    # another seed or another eval setting evaluates again
+    assert first_stage("c", seed=1)[0] == "eval"
+    assert first_stage("d", sets=["eval.n=3"])[0] == "eval"

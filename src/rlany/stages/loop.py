@@ -49,6 +49,7 @@ from rlany.console import info
 from rlany.errors import NoSamples, RlanyError
 from rlany.jsonl import meta_path
 from rlany.stages import BY_TABLE
+from rlany.stages.eval_reuse import eval_done  # the base evaluation may be a sibling run's
 from rlany.stages.loop_config import LoopConfig, load_config
 
 __all__ = ["Loop", "LoopConfig", "load_config"]
@@ -156,7 +157,7 @@ JUDGE_WARM_START = (  # runs/NAME/judge_warm_start/, before the base evaluation
         forced=_judge_warm_shape, config="judge_sft"),
 )
 JUDGE_WARM_P, JUDGE_WARM_N = 0.5, 4  # per pool task: 4 episodes, each action expert w.p. 0.5
-EVAL = Stage("eval", _meta, lambda lp, d, it: dict(
+EVAL = Stage("eval", eval_done, lambda lp, d, it: dict(
     input=lp.cfg.eval_tasks, output=f"{d}/eval.json", adapter=lp.latest("policy", it + 1),
     judge_adapter=lp.latest("rm", it + 1)))
 
