@@ -399,3 +399,16 @@ def test_runs_of_one_runs_dir_share_an_identical_base_evaluation(tmp_path, tiny_
     # another seed or another eval setting evaluates again
     assert first_stage("c", seed=1)[0] == "eval"
     assert first_stage("d", sets=["eval.n=3"])[0] == "eval"
+
+
+def test_rm_buffer_trains_the_judge_on_the_last_iterations_steps(tmp_path, tiny_model):
+    config = _config(tmp_path, tiny_model, keep_last=2, rm_buffer=2)
+    loop = _run(config)
+    it0, it1 = loop.dir / "iter_000", loop.dir / "iter_001"
+    assert not (it0 / "rm_input.jsonl").exists()   # iteration 0 has only its own steps
+    both = (it0 / "scored.jsonl").read_bytes() + (it1 / "scored.jsonl").read_bytes()
+    assert (it1 / "rm_input.jsonl").read_bytes() == both
+    ckpt = json.loads((it1 / "rm" / "rlany.json").read_text())
+    assert str(it1 / "rm_input.jsonl") in json.dumps(ckpt)
+    with pytest.raises(RlanyError, match="rm_buffer"):
+        load_config(config, {"rm_buffer": 0})

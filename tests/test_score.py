@@ -306,7 +306,7 @@ def test_step_scores_label_puts_the_env_labels_in_place_of_the_judge():
 
 
 def test_the_loop_skips_the_judge_when_nothing_reads_its_verdicts():
-    from rlany.stages.loop import _judged
+    from rlany.stages.loop_stages import _judged
     from rlany.stages.loop_config import LoopConfig
 
     labels = {"score": {"step_scores": "label"}}

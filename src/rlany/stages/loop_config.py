@@ -49,6 +49,8 @@ class LoopConfig:
     step_feedback: bool = True
     rm_training: bool = True
     env_adaptation: bool = True
+    # the judge trains on the scored steps of the last rm_buffer iterations (1: its own)
+    rm_buffer: int = 1
     run: dict[str, Any] = field(default_factory=dict)  # model, engine, seed, ... as given
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)  # [stage] key -> value
     path: str = "loop.toml"
@@ -157,7 +159,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
     for required in ("name", "tasks"):
         if required not in top:
             raise RlanyError(f"missing '{required}'", where=path)
-    for key in ("iterations", "keep_last", "eval_every"):
+    for key in ("iterations", "keep_last", "eval_every", "rm_buffer"):
         if top.get(key, 1) < 1:
             raise RlanyError(f"'{key}' must be >= 1, got {top[key]}", where=path)
     _check_name(top["name"], path)

@@ -1,0 +1,123 @@
+"""The loop's stage tables: which command runs in which order, on which paths, with what
+forced, and how each one's completion is seen (the `Loop` in `rlany.stages.loop` runs them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlany.jsonl import meta_path
+from rlany.stages.eval_reuse import eval_done  # the base evaluation may be a sibling run's
+from rlany.stages.loop_config import LoopConfig
+
+if TYPE_CHECKING:
+    from rlany.stages.loop import Loop
+
+
+@dataclass(frozen=True)
+class Stage:
+    table: str  # config table = the command's options class (rlany.stages.BY_TABLE)
+    done: Callable[[Any], Path]  # the file whose presence marks the stage complete
+    io: Callable[[Loop, Path, int], dict]  # the paths and adapters the loop sets
+    enabled: Callable[[LoopConfig], bool] = lambda cfg: True
+    engine: bool = True  # a generating command gets the engine (False: it needs none here)
+    # values that win over the config's table (the table's own values win over `io`)
+    forced: Callable[[Loop], dict] = lambda lp: {}
+    # a trainer with nothing to learn from (NoSamples) is skipped: the model stays as it was
+    may_skip: bool = False
+    config: str | None = None  # the config table, when not `table` (loop_config.EXTRA_TABLES)
+
+
+def _judged(cfg: LoopConfig) -> bool:
+    """The judge runs when something reads its verdicts: step feedback (unless score takes
+    the env's labels as step scores, `[score] step_scores = "label"`), the reward model's
+    training, or the task adaptation's critiques."""
+    labels = cfg.tables.get("score", {}).get("step_scores") == "label"
+    return (cfg.step_feedback and not labels) or cfg.rm_training or cfg.env_adaptation
+
+
+def _meta(opts: Any) -> Path:  # a file stage's sidecar is written last
+    return meta_path(opts.output)
+
+
+def _ckpt(opts: Any) -> Path:  # a checkpoint directory is complete with its rlany.json
+    return Path(opts.output) / "rlany.json"
+
+
+def _pending(loop: Loop, it: int) -> str | None:
+    prev = loop.dir / f"iter_{it - 1:03d}" / "candidates.jsonl"
+    return str(prev) if it > 0 and prev.exists() else None
+
+
+STAGES = (
+    Stage("rollout", _meta, lambda lp, d, it: dict(
+        input=f"{d}/rollout_tasks.jsonl", output=f"{d}/trajectories.jsonl",
+        adapter=lp.latest("policy", it), iteration=it)),
+    Stage("judge", _meta, lambda lp, d, it: dict(
+        input=f"{d}/trajectories.jsonl", output=f"{d}/judgments.jsonl",
+        adapter=lp.latest("rm", it)), enabled=_judged),
+    Stage("score", lambda o: meta_path(o.stats), lambda lp, d, it: dict(
+        input=f"{d}/trajectories.jsonl", output=f"{d}/scored.jsonl",
+        stats=f"{d}/task_stats.jsonl",
+        judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None)),
+    Stage("train_policy", _ckpt, lambda lp, d, it: dict(
+        input=f"{d}/scored.jsonl", output=f"{d}/policy", adapter=lp.latest("policy", it),
+        iteration=it), may_skip=True),
+    Stage("train_rm", _ckpt, lambda lp, d, it: dict(
+        input=lp.rm_input(d, it), output=f"{d}/rm", adapter=lp.latest("rm", it),
+        iteration=it), enabled=lambda cfg: cfg.rm_training, may_skip=True),
+    Stage("adapt_tasks", _meta, lambda lp, d, it: dict(
+        input=f"{d}/tasks.jsonl", stats=f"{d}/task_stats.jsonl",
+        judgments=f"{d}/judgments.jsonl", pending=_pending(lp, it),
+        output=f"{d}/next_tasks.jsonl", candidates=f"{d}/candidates.jsonl",
+        decisions=f"{d}/decisions.jsonl", iteration=it),
+        enabled=lambda cfg: cfg.env_adaptation),
+)
+
+
+def _warm_shape(lp: Loop) -> dict:
+    from rlany.stages.loop_config import WARM_SHAPE
+
+    policy = lp.cfg.options("train_policy", input="-", output="-")
+    return {k: getattr(policy, k) for k in WARM_SHAPE}
+
+
+WARM_START = (  # runs/NAME/warm_start/, before the base evaluation
+    Stage("rollout", _meta, lambda lp, d, it: dict(
+        input=lp.cfg.tasks, output=f"{d}/demos.jsonl", adapter=None, iteration=0),
+        engine=False,  # every pool task once, by the env's expert (no model)
+        forced=lambda lp: dict(expert=True, n=1, sample_tasks=None, constrain_actions=False)),
+    Stage("sft", _ckpt, lambda lp, d, it: dict(
+        input=f"{d}/demos.jsonl", output=f"{d}/sft", adapter=None), forced=_warm_shape),
+)
+def _judge_warm_shape(lp: Loop) -> dict:
+    from rlany.stages.loop_config import WARM_SHAPE
+
+    rm = lp.cfg.options("train_rm", input="-", output="-")
+    return {**{k: getattr(rm, k) for k in WARM_SHAPE}, "objective": "logloss"}
+
+
+JUDGE_WARM_START = (  # runs/NAME/judge_warm_start/, before the base evaluation
+    Stage("rollout", _meta, lambda lp, d, it: dict(
+        input=lp.cfg.tasks, output=f"{d}/steps.jsonl", adapter=None, iteration=0),
+        engine=False,  # the env's expert mixed with random actions: both labels, no model
+        forced=lambda lp: dict(expert=True, expert_p=JUDGE_WARM_P, n=JUDGE_WARM_N,
+                               sample_tasks=None, constrain_actions=False)),
+    Stage("judge", _meta, lambda lp, d, it: dict(
+        input=f"{d}/steps.jsonl", output=f"{d}/judgments.jsonl", adapter=None),
+        engine=False,  # the env's step labels as the verdicts, in the judge's prompts
+        forced=lambda lp: dict(labels=True, m=1, select="all", last_step_only=False)),
+    Stage("score", lambda o: meta_path(o.stats), lambda lp, d, it: dict(
+        input=f"{d}/steps.jsonl", output=f"{d}/scored.jsonl", stats=f"{d}/task_stats.jsonl",
+        judgments=f"{d}/judgments.jsonl"),
+        forced=lambda lp: dict(rm_target="label", rm_acc_min=0.0, rm_acc_max=1.0)),
+    Stage("train_rm", _ckpt, lambda lp, d, it: dict(
+        input=f"{d}/scored.jsonl", output=f"{d}/rm", adapter=None, iteration=0),
+        forced=_judge_warm_shape, config="judge_sft"),
+)
+JUDGE_WARM_P, JUDGE_WARM_N = 0.5, 4  # per pool task: 4 episodes, each action expert w.p. 0.5
+EVAL = Stage("eval", eval_done, lambda lp, d, it: dict(
+    input=lp.cfg.eval_tasks, output=f"{d}/eval.json", adapter=lp.latest("policy", it + 1),
+    judge_adapter=lp.latest("rm", it + 1)))
