@@ -396,9 +396,14 @@ def test_runs_of_one_runs_dir_share_an_identical_base_evaluation(tmp_path, tiny_
     meta = json.loads((b / "eval_base.meta.json").read_text())
     assert meta["reused_from"] == str(a / "eval_base.json")
     assert meta["flags"]["output"] == str(b / "eval_base.json")
-    # another seed or another eval setting evaluates again
+    # another seed, another eval setting or other rlany code evaluates again
     assert first_stage("c", seed=1)[0] == "eval"
     assert first_stage("d", sets=["eval.n=3"])[0] == "eval"
+    for run in (a, b):
+        meta = json.loads((run / "eval_base.meta.json").read_text())
+        meta["versions"]["rlany_source"] = "0" * 16
+        (run / "eval_base.meta.json").write_text(json.dumps(meta))
+    assert first_stage("e")[0] == "eval"
 
 
 def test_rm_buffer_trains_the_judge_on_the_last_iterations_steps(tmp_path, tiny_model):

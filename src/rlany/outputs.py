@@ -18,6 +18,7 @@ Lines are `rlany.jsonl.dumps`'s canonical JSON; reading is `rlany.jsonl`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -302,13 +303,28 @@ def _loads_or_none(line: str) -> Any:
 
 
 def package_versions(*names: str) -> dict[str, str]:
+    """The sidecar's `versions`: python, rlany and `names`, plus `rlany_source` (rlany's
+    version string does not change with its code: an editable install's commits share it)."""
     out = {"python": platform.python_version()}
     for name in ("rlany", *names):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
+    out["rlany_source"] = source_digest()
     return out
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 (first 16 hex digits) over the rlany package's Python files, paths and bytes."""
+    import hashlib
+
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def write_meta(output: str | Path, *, stage: str, flags: dict[str, Any],

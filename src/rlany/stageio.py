@@ -221,6 +221,9 @@ def engine_flags(opts: Any, engine: Any) -> dict:
 
     flags = asdict(opts)
     flags["model"] = engine.model
+    if "dtype" in flags:
+        from rlany.compat import resolve_dtype
+        flags["dtype_resolved"] = resolve_dtype(flags["dtype"])
     from rlany.engines import Chosen
 
     if isinstance(engine, Chosen) and engine.choice:

@@ -17,7 +17,9 @@ Beside them, what only stages use: pairing.py (trajectories with their judgments
 score), advantages.py (the standardization behind score's advantages), unit_tests.py (the
 unit-tests mode: the judge's tests run on the programs, score's test rewards), critiques.py
 (adapt-tasks' critique summary), rewrites.py (adapt-tasks' proposals read, and the
-candidate tasks they become), loop_config.py and loop_metrics.py.
+candidate tasks they become), eval_reuse.py (the base evaluation shared by the runs of one
+runs directory), loop_config.py, loop_stages.py (the loop's stage tables) and
+loop_metrics.py.
 The shared trainer is `rlany.training`, the file plumbing `rlany.stageio`.
 """
 

@@ -7,9 +7,10 @@ evaluates the base model, it looks at the run directories beside its own: one wh
 `eval_base.json` came from identical flags (every eval option but the output, the resolved
 model path), identical eval tasks (sha256) and the same package versions is copied in
 (the summary as is; its sidecar says where it came from), and the evaluation is skipped.
-Anything that differs (a seed, a judge setting, the tasks file, the engine, an upgrade)
-evaluates again. A different precision or engine resolves to other flags, so a run on
-another machine's kind of CPU shares only when it would have run the same command.
+Anything that differs evaluates again: a seed, a judge setting, the tasks file, the engine
+or precision `auto` resolves to on this machine, a package upgrade, a change to rlany's own
+code (`versions.rlany_source`). A served model (`--engine openai`) is never shared: its
+weights can change behind the same URL.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 BASE = "eval_base.json"
-_SKIP = ("output", "engine_resolved", "model")  # the output's path; how the engine resolved
+# the output's path, and what the sidecar holds resolved (compared resolved, below)
+_SKIP = ("output", "engine_resolved", "model", "dtype_resolved")
 
 
 def _comparable(flags: dict) -> dict:  # as the sidecar holds them (paths, tuples)
@@ -28,37 +30,60 @@ def _comparable(flags: dict) -> dict:  # as the sidecar holds them (paths, tuple
                                  default=str))
 
 
-def find_base_eval(opts: Any) -> Path | None:
-    """A sibling run's base evaluation this one would repeat (None: nothing to share)."""
-    from rlany.jsonl import meta_path
+def _expected(opts: Any) -> dict | None:
+    """What a sibling's sidecar must hold to be this evaluation (None: never shared)."""
+    from rlany.compat import resolve_dtype
+    from rlany.engines import resolve_engine
     from rlany.models import resolve_model
     from rlany.outputs import package_versions
     from rlany.provenance import sha256_file
     from rlany.stageio import GEN_VERSIONS
 
-    out = Path(opts.output)
-    if out.name != BASE or opts.adapter or opts.judge_adapter or opts.trajectories:
-        return None
-    want = _comparable(dataclasses.asdict(opts))
+    if (Path(opts.output).name != BASE or opts.adapter or opts.judge_adapter
+            or opts.trajectories or opts.engine == "openai"):
+        return None  # a served model can change behind its URL
     try:
-        model, tasks = resolve_model(opts.model), sha256_file(opts.input)
+        return {"flags": _comparable(dataclasses.asdict(opts)),
+                "model": resolve_model(opts.model), "tasks": [sha256_file(opts.input)],
+                "dtype": resolve_dtype(opts.dtype), "engine": resolve_engine(opts.engine)[0],
+                "versions": package_versions(*GEN_VERSIONS)}
     except Exception:  # noqa: BLE001 - the evaluation itself reports what is wrong
         return None
-    versions = package_versions(*GEN_VERSIONS)
+
+
+def _holds(meta: dict, want: dict) -> bool:
+    flags = meta["flags"]
+    engine = (flags.get("engine_resolved") or {}).get("engine", flags.get("engine"))
+    return (meta.get("stage") == "eval" and _comparable(flags) == want["flags"]
+            and flags.get("model") == want["model"] and engine == want["engine"]
+            and flags.get("dtype_resolved") == want["dtype"]
+            and [i.get("sha256") for i in meta["inputs"]] == want["tasks"]
+            and meta.get("versions") == want["versions"])
+
+
+def find_base_eval(opts: Any) -> tuple[Path, dict, str] | None:
+    """A sibling run's base evaluation this one would repeat: (its path, its sidecar, its
+    summary text), read once and checked unchanged after; None: nothing to share."""
+    from rlany.jsonl import meta_path
+
+    want = _expected(opts)
+    if want is None:
+        return None
+    out = Path(opts.output)
     for meta_file in sorted(out.parent.parent.glob(f"*/{meta_path(BASE).name}")):
         src = meta_file.parent / BASE
-        if src.parent.resolve() == out.parent.resolve() or not src.is_file():
+        if src.parent.resolve() == out.parent.resolve():
             continue
         try:
-            meta = json.loads(meta_file.read_text())
-            same = (meta.get("stage") == "eval" and _comparable(meta["flags"]) == want
-                    and meta["flags"].get("model") == model
-                    and [i.get("sha256") for i in meta["inputs"]] == [tasks]
-                    and meta.get("versions") == versions)
+            before = meta_file.read_text()
+            meta = json.loads(before)
+            if not _holds(meta, want):
+                continue
+            text = src.read_text()
+            if meta_file.read_text() == before:  # not rewritten while it was read
+                return src, meta, text
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if same:
-            return src
     return None
 
 
@@ -68,13 +93,13 @@ def reuse_base_eval(opts: Any) -> Path | None:
     from rlany.jsonl import meta_path
     from rlany.outputs import write_text_atomic
 
-    src = find_base_eval(opts)
-    if src is None:
+    found = find_base_eval(opts)
+    if found is None:
         return None
-    meta = json.loads(meta_path(src).read_text())
+    src, meta, text = found
     meta["flags"]["output"] = str(opts.output)
     meta["reused_from"] = str(src)
-    write_text_atomic(opts.output, src.read_text())
+    write_text_atomic(opts.output, text)
     write_text_atomic(meta_path(opts.output), json.dumps(meta, indent=2) + "\n")
     return src
 

@@ -220,6 +220,10 @@ class Loop:
         out = d / "rm_input.jsonl"
         if not out.exists() and not (d / "rm" / "rlany.json").exists():
             older = [self.dir / f"iter_{j:03d}" / "scored.jsonl" for j in range(first, it)]
+            for path in older:
+                if not path.is_file():
+                    raise RlanyError(f"rm_buffer = {self.cfg.rm_buffer} needs {path}, which "
+                                     "is missing", where=str(self.dir))
             self._copy(older[0], out, *older[1:], d / "scored.jsonl")
         return str(out)
 
