@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
 	bench-judge-capacity bench-learning-judge \
-	bench-learning-reduced bench-learning-upper bench-learning-warm bench-learning-reasoning bench-sweep \
+	bench-learning-reduced bench-learning-upper bench-learning-long bench-learning-warm bench-learning-reasoning bench-sweep \
 	bench-sweep-reasoning lint golden docs clean
 
 install: $(VENV)/.installed-cpu
@@ -130,6 +130,20 @@ bench-learning-upper: install
 	$(PY) benchmarks/learning.py --arms policy-only --tag grouped \
 		--set train_policy.batch_order=grouped --seeds 0 1 2 --bench learning-upper
 	$(PY) benchmarks/learning.py --arms policy-only --seeds 0 1 2 --bench learning-upper --readme
+
+# The same upper bound on the long-horizon config (long.toml: 8-10 turns, base ~0.01), the
+# seeds interleaved so that a stopped run leaves both arms at the same seeds; each seed's
+# policy-only run shares the label run's base evaluation (same flags: `eval.judge=false`)
+bench-learning-long: install
+	for s in 0 1 2; do \
+	  $(PY) benchmarks/learning.py --config examples/household/long.toml --bench learning-long \
+	    --arms +step --tag label --set score.step_scores=label --set eval.judge=false \
+	    --seeds $$s || exit 1; \
+	  $(PY) benchmarks/learning.py --config examples/household/long.toml --bench learning-long \
+	    --arms policy-only --seeds $$s || exit 1; \
+	done
+	$(PY) benchmarks/learning.py --config examples/household/long.toml --bench learning-long \
+	  --report-only --readme
 
 # Can the 135M judge learn the household step labels (supervised), and what does the
 # outcome (the consistency target) teach it? benchmarks/results/judge_capacity.json
