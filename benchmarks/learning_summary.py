@@ -26,7 +26,8 @@ def _eval(path: Path) -> dict | None:
     e = json.loads(path.read_text())
     n = e["trajectories"]
     return {"successes": round(e["success_rate"] * n), "episodes": n,
-            "success": e["success_rate"], "judge_step_accuracy": e.get("judge_step_accuracy")}
+            "success": e["success_rate"], "judge_step_accuracy": e.get("judge_step_accuracy"),
+            "on_plan_share": e.get("on_plan_share")}
 
 
 def heldout_summary(path: Path) -> dict | None:
@@ -65,6 +66,19 @@ def judge_on_rollouts(it_dir: Path) -> dict | None:
             "positive_share": sum(v == 1 for v in scores) / len(scores) if scores else None}
 
 
+def on_plan_share(it_dir: Path) -> float | None:
+    """The share of the policy's own rollout steps that the env labels +1 (on a shortest
+    plan): what step labels teach, visible before the outcome moves (None: no labels)."""
+    from rlany.jsonl import JsonlReader
+    from rlany.records import Trajectory
+    from rlany.stages.eval import on_plan_share as share
+
+    path = it_dir / "trajectories.jsonl"
+    if not path.exists():
+        return None
+    return share([t for _, t in JsonlReader(path, Trajectory, "trajectories")])
+
+
 def summarize_run(run: Path) -> dict | None:
     """Base and latest evaluation, the curve, and the loop's per-iteration metrics."""
     base = _eval(run / "eval_base.json")
@@ -85,6 +99,7 @@ def summarize_run(run: Path) -> dict | None:
             "rm_samples": [m.get("rm_samples") for m in metrics],
             "stage_seconds": [m.get("seconds") for m in metrics],
             "judge_on_rollouts": [judge_on_rollouts(d) for d in sorted(run.glob("iter_*"))],
+            "on_plan": [on_plan_share(d) for d in sorted(run.glob("iter_*"))],
             "seconds": round(sum(sum((m.get("seconds") or {}).values()) for m in metrics), 1),
             # base and trained judges on fixed held-out labelled steps (judge_heldout.py)
             "judge_heldout": heldout_summary(run / "judge_heldout.json"),
@@ -168,6 +183,8 @@ def arm_summary(runs: list[dict]) -> dict:
                  for k in ("label_accuracy", "outcome_label_accuracy", "positive_share")}
                 for col in zip_longest(*(r["judge_on_rollouts"] for r in runs))]
             if all(r.get("judge_on_rollouts") for r in runs) else None,
+            # mean over seeds, per iteration: the on-plan share of the policy's rollout steps
+            "on_plan": [mean(col) for col in zip_longest(*(r.get("on_plan") or [] for r in runs))],
             "warm_start": warm_start,
             "minutes_per_run": mean(r["seconds"] / 60 for r in runs),
             # an iteration's stages without its evaluation, mean over seeds and iterations:
@@ -254,6 +271,11 @@ def table(arms: dict) -> str:
                           f"{j['label_accuracy']:.2f} ({j['outcome_label_accuracy']:.2f})"
                           for j in per_it)
 
+    def plan(shares):
+        if not shares or all(v is None for v in shares):
+            return "-"
+        return " / ".join("-" if v is None else f"{v:.2f}" for v in shares)
+
     def seeds_t(t):
         return "" if t is None else f" ({t[0]:+.2f} to {t[1]:+.2f})"
 
@@ -265,9 +287,10 @@ def table(arms: dict) -> str:
     lines = ["| arm | seeds | iterations | base success (95%) | warm start (95%); RL's gain "
              "over it | final success (95%) | gain "
              "(95%, pooled) | gain per seed (95% t over seeds) | final per seed | judge step "
-             "acc. (eval) | judge on its rollouts, per iteration (outcome) | accepted tasks | "
-             "stage min/run | s/iteration (no eval) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "acc. (eval) | judge on its rollouts, per iteration (outcome) | on-plan steps of "
+             "its rollouts, per iteration | accepted tasks | stage min/run | s/iteration (no "
+             "eval) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, s in arms.items():
         judge = s["judge_step_accuracy"]
         lines.append(
@@ -278,6 +301,7 @@ def table(arms: dict) -> str:
             f"{s['gain_ci95'][1]:+.2f}) | {', '.join(f'{g:+.3f}' for g in s['gain_per_seed'])}"
             f"{seeds_t(s['gain_seeds_t95'])} | {', '.join(map(str, s['per_seed']))} | "
             f"{num(judge[0])} -> {num(judge[1])} | {rollouts(s['judge_on_rollouts'])} | "
+            f"{plan(s.get('on_plan'))} | "
             f"{'; '.join(','.join(map(str, a)) for a in s['accepted_tasks'])} | "
             f"{s['minutes_per_run']:.0f} | {num0(s.get('iteration_seconds'))} |")
     return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,25 @@ def test_make_tasks_exclude(tmp_path, cli):
     r = cli("envs", "make-tasks", "reasoning", "--n", "4", "--exclude", str(bad), "-o",
             str(out))
     assert r.returncode == 1 and f"{bad}:2:" in r.stderr and not out.exists(), r.stderr
+
+
+def test_on_plan_share_reads_the_env_step_labels(tmp_path, cli):
+    from rlany.jsonl import JsonlReader
+    from rlany.records import Trajectory
+    from rlany.stages.eval import on_plan_share
+
+    tasks = tmp_path / "t.jsonl"
+    cli("envs", "make-tasks", "household", "--n", "8", "--seed", "3", "--knob", "max_steps=6",
+        "-o", str(tasks))
+
+    def share(*flags):
+        out = tmp_path / "r.jsonl"
+        out.unlink(missing_ok=True)
+        Path(str(out)[:-6] + ".meta.json").unlink(missing_ok=True)
+        cli("rollout", "-i", str(tasks), "-o", str(out), "--expert", "--max-steps", "6", *flags)
+        return on_plan_share([t for _, t in JsonlReader(out, Trajectory, "t")])
+
+    assert share("--n", "1") == 1.0            # the expert walks a shortest plan
+    random = share("--n", "4", "--expert-p", "0")
+    assert random is not None and 0.0 < random < 1.0
+    assert on_plan_share([]) is None

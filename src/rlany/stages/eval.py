@@ -148,8 +148,17 @@ def policy_metrics(groups: list[list[Trajectory]], ks: list[int]) -> dict:
         **{f"pass@{k}": fmean(p[f"pass@{k}"] for p in per_task) if per_task else 0.0
            for k in ks},
         "mean_steps": fmean(len(t.steps) for t in flat) if flat else 0.0,
+        "on_plan_share": on_plan_share(flat),
         "per_task": per_task,
     }
+
+
+def on_plan_share(trajectories: list[Trajectory]) -> float | None:
+    """The share of the policy's steps that the env labels +1 (`info.label`: e.g. on a
+    shortest plan); None for envs without step labels. Progress the outcome can hide."""
+    labels = [st.info.get("label") for t in trajectories for st in t.steps]
+    labels = [v for v in labels if v in (1, -1)]
+    return sum(v == 1 for v in labels) / len(labels) if labels else None
 
 
 def judge_metrics(trajectories: list[Trajectory], judgments: list[Judgment]) -> dict:
