@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
 	bench-judge-capacity bench-learning-judge \
-	bench-learning-reduced bench-learning-upper bench-learning-long bench-learning-warm bench-learning-reasoning bench-sweep \
+	bench-learning-reduced bench-learning-upper bench-learning-warm bench-learning-reasoning bench-sweep \
 	bench-sweep-reasoning lint golden docs clean
 
 install: $(VENV)/.installed-cpu
@@ -131,18 +131,19 @@ bench-learning-upper: install
 		--set train_policy.batch_order=grouped --seeds 0 1 2 --bench learning-upper
 	$(PY) benchmarks/learning.py --arms policy-only --seeds 0 1 2 --bench learning-upper --readme
 
-# The same upper bound on the long-horizon config (long.toml: 8-10 turns, base ~0.01), the
-# seeds interleaved so that a stopped run leaves both arms at the same seeds; each seed's
+# The same upper bound on the longer horizons: `make bench-learning-upper-mid` (mid.toml,
+# plans of 4-6 in 8 turns) or `-long` (long.toml, 4-8 in 10), results learning-mid/-long.*.
+# Seeds interleaved, so a stopped run leaves both arms at the same seeds; each seed's
 # policy-only run shares the label run's base evaluation (same flags: `eval.judge=false`)
-bench-learning-long: install
+bench-learning-upper-%: install
 	for s in 0 1 2; do \
-	  $(PY) benchmarks/learning.py --config examples/household/long.toml --bench learning-long \
+	  $(PY) benchmarks/learning.py --config examples/household/$*.toml --bench learning-$* \
 	    --arms +step --tag label --set score.step_scores=label --set eval.judge=false \
 	    --seeds $$s || exit 1; \
-	  $(PY) benchmarks/learning.py --config examples/household/long.toml --bench learning-long \
+	  $(PY) benchmarks/learning.py --config examples/household/$*.toml --bench learning-$* \
 	    --arms policy-only --seeds $$s || exit 1; \
 	done
-	$(PY) benchmarks/learning.py --config examples/household/long.toml --bench learning-long \
+	$(PY) benchmarks/learning.py --config examples/household/$*.toml --bench learning-$* \
 	  --report-only --readme
 
 # Can the 135M judge learn the household step labels (supervised), and what does the
