@@ -87,7 +87,8 @@ def main() -> dict:
     parser.add_argument("--arms", nargs="+", default=["policy-only", "full"],
                         choices=list(ARMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--iterations", type=int, help="override the config's iterations")
+    parser.add_argument("--iterations", type=int, help="override the config's iterations "
+                        "(raised over existing runs: they continue)")
     parser.add_argument("--bench", help="the results' name: benchmarks/results/BENCH.json, "
                         ".md and -report/, runs/BENCH, benchmarks/README.md block "
                         "BENCH-table (default: learning, or learning-reduced); another config "

@@ -203,6 +203,13 @@ def test_ablation_switches_change_what_runs(tmp_path, tiny_model):
     assert (d / "next_tasks.jsonl").read_bytes() == (d / "tasks.jsonl").read_bytes()
     scored = read_jsonl(d / "scored.jsonl")
     assert all(s["reward"] == t["outcome"] for t in scored for s in t["steps"])   # λ = 0
+    # more iterations continue the finished run (any other change is refused)
+    longer = _run(config, iterations=3)
+    assert [m["iteration"] for m in read_jsonl(longer.dir / "metrics.jsonl")] == [0, 1, 2]
+    assert json.loads((longer.dir / "config.json").read_text())["iterations"] == 3
+    assert longer._engine.stats.calls > 0
+    with pytest.raises(RlanyError, match="different config"):
+        _run(config, iterations=3, seed=1)
 
 
 def test_config_errors(tmp_path, monkeypatch):

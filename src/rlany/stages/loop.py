@@ -141,8 +141,9 @@ class Loop:
             old = json.loads(echo.read_text())
             defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)
                         if f.default is not dataclasses.MISSING}
+            # and `iterations` may change: more continues the run, fewer stops it earlier
             if {**{k: defaults[k] for k in config.keys() - old.keys() if k in defaults},
-                    **old} != config:
+                    **old, "iterations": self.cfg.iterations} != config:
                 raise RlanyError("this run directory was started with a different config",
                                  where=str(echo), hint="use a new name, or restore the config")
         write_text_atomic(echo, resolved)
