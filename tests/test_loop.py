@@ -210,6 +210,8 @@ def test_ablation_switches_change_what_runs(tmp_path, tiny_model):
     assert longer._engine.stats.calls > 0
     with pytest.raises(RlanyError, match="different config"):
         _run(config, iterations=3, seed=1)
+    with pytest.raises(RlanyError, match="different config"):   # fewer: refused
+        _run(config, iterations=2)
 
 
 def test_config_errors(tmp_path, monkeypatch):

@@ -221,13 +221,14 @@ def engine_flags(opts: Any, engine: Any) -> dict:
 
     flags = asdict(opts)
     flags["model"] = engine.model
-    if "dtype" in flags:
-        from rlany.compat import resolve_dtype
-        flags["dtype_resolved"] = resolve_dtype(flags["dtype"])
     from rlany.engines import Chosen
 
     if isinstance(engine, Chosen) and engine.choice:
         flags["engine_resolved"] = engine.choice
+    kind = flags.get("engine_resolved", {}).get("engine", flags.get("engine"))
+    if "dtype" in flags and kind in ("hf", "vllm"):  # engines that load the weights here
+        from rlany.compat import resolve_dtype
+        flags["dtype_resolved"] = resolve_dtype(flags["dtype"])
     return flags
 
 

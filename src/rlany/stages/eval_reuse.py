@@ -43,10 +43,12 @@ def _expected(opts: Any) -> dict | None:
             or opts.trajectories or opts.engine == "openai"):
         return None  # a served model can change behind its URL
     try:
+        engine = resolve_engine(opts.engine)[0]
         return {"flags": _comparable(dataclasses.asdict(opts)),
                 "model": resolve_model(opts.model), "tasks": [sha256_file(opts.input)],
-                "dtype": resolve_dtype(opts.dtype), "engine": resolve_engine(opts.engine)[0],
-                "versions": package_versions(*GEN_VERSIONS)}
+                "engine": engine, "versions": package_versions(*GEN_VERSIONS),
+                # as stageio.engine_flags records it: for the engines that load weights
+                "dtype": resolve_dtype(opts.dtype) if engine in ("hf", "vllm") else None}
     except Exception:  # noqa: BLE001 - the evaluation itself reports what is wrong
         return None
 

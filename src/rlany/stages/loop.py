@@ -141,11 +141,13 @@ class Loop:
             old = json.loads(echo.read_text())
             defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)
                         if f.default is not dataclasses.MISSING}
-            # and `iterations` may change: more continues the run, fewer stops it earlier
+            # and `iterations` may be raised: the run continues to the new count
+            more = self.cfg.iterations >= old.get("iterations", self.cfg.iterations)
             if {**{k: defaults[k] for k in config.keys() - old.keys() if k in defaults},
-                    **old, "iterations": self.cfg.iterations} != config:
+                    **old, **({"iterations": self.cfg.iterations} if more else {})} != config:
                 raise RlanyError("this run directory was started with a different config",
-                                 where=str(echo), hint="use a new name, or restore the config")
+                                 where=str(echo), hint="use a new name, or restore the "
+                                 "config (only iterations may be raised)")
         write_text_atomic(echo, resolved)
 
     def iteration(self, it: int) -> Iterator[tuple[Stage, Path, int, dict]]:
