@@ -135,7 +135,7 @@ def test_a_run_from_before_init_policy_still_resumes(tmp_path, tiny_model):
     Loop(load_config(config), config)._init_run_dir()   # the default: the same config
     (loop.dir / "iter_000").mkdir()   # a stage has run: another config is refused
     with pytest.raises(RlanyError, match="different config"):
-        Loop(load_config(config, {"iterations": 5}), config)._init_run_dir()
+        Loop(load_config(config, {"seed": 5}), config)._init_run_dir()
 
 
 def test_vllm_serves_the_warm_start_adapters_rank(tmp_path, tiny_model, tiny_lora):
