@@ -1,11 +1,12 @@
 """The base model's evaluation, shared by the runs of one runs directory.
 
 Every run of an ablation evaluates the base model on the same held-out tasks before it
-trains (`eval_base.json`): with the same seed, flags and tasks those are the same episodes,
-and on a 2-core CPU a long-horizon config spends ~9 minutes on each. So before the loop
-evaluates the base model, it looks at the run directories beside its own: one whose
-`eval_base.json` came from identical flags (every eval option but the output, the resolved
-model path), identical eval tasks (sha256) and the same package versions is copied in
+trains (`eval_base.json`): with the same seed, flags and tasks those are the same
+episodes, and on a 2-core CPU a long-horizon config spends 6 (AVX-512) to 18 (AVX2)
+minutes on each. So before the loop evaluates the base model, it looks at the run
+directories beside its own: one whose `eval_base.json` came from identical flags (every
+eval option but the output, the resolved model path), identical eval tasks (sha256) and
+the same package versions is copied in
 (the summary as is; its sidecar says where it came from), and the evaluation is skipped.
 Anything that differs evaluates again: a seed, a judge setting, the tasks file, the engine
 or precision `auto` resolves to on this machine, a package upgrade, a change to rlany's own
