@@ -225,11 +225,18 @@ def engine_flags(opts: Any, engine: Any) -> dict:
 
     if isinstance(engine, Chosen) and engine.choice:
         flags["engine_resolved"] = engine.choice
-    kind = flags.get("engine_resolved", {}).get("engine", flags.get("engine"))
-    if "dtype" in flags and kind in ("hf", "vllm"):  # engines that load the weights here
+    if "dtype" in flags and resolved_engine(flags) in WEIGHT_ENGINES:
         from rlany.compat import resolve_dtype
         flags["dtype_resolved"] = resolve_dtype(flags["dtype"])
     return flags
+
+
+WEIGHT_ENGINES = ("hf", "vllm")  # engines that load the weights here: their dtype matters
+
+
+def resolved_engine(flags: dict) -> str | None:
+    """The engine a sidecar's flags ran with (`auto` as it resolved)."""
+    return (flags.get("engine_resolved") or {}).get("engine", flags.get("engine"))
 
 
 def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:

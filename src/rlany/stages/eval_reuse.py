@@ -38,7 +38,7 @@ def _expected(opts: Any) -> dict | None:
     from rlany.models import resolve_model
     from rlany.outputs import package_versions
     from rlany.provenance import sha256_file
-    from rlany.stageio import GEN_VERSIONS
+    from rlany.stageio import GEN_VERSIONS, WEIGHT_ENGINES
 
     if (Path(opts.output).name != BASE or opts.adapter or opts.judge_adapter
             or opts.trajectories or opts.engine == "openai"):
@@ -49,16 +49,17 @@ def _expected(opts: Any) -> dict | None:
                 "model": resolve_model(opts.model), "tasks": [sha256_file(opts.input)],
                 "engine": engine, "versions": package_versions(*GEN_VERSIONS),
                 # as stageio.engine_flags records it: for the engines that load weights
-                "dtype": resolve_dtype(opts.dtype) if engine in ("hf", "vllm") else None}
+                "dtype": resolve_dtype(opts.dtype) if engine in WEIGHT_ENGINES else None}
     except Exception:  # noqa: BLE001 - the evaluation itself reports what is wrong
         return None
 
 
 def _holds(meta: dict, want: dict) -> bool:
+    from rlany.stageio import resolved_engine
+
     flags = meta["flags"]
-    engine = (flags.get("engine_resolved") or {}).get("engine", flags.get("engine"))
     return (meta.get("stage") == "eval" and _comparable(flags) == want["flags"]
-            and flags.get("model") == want["model"] and engine == want["engine"]
+            and flags.get("model") == want["model"] and resolved_engine(flags) == want["engine"]
             and flags.get("dtype_resolved") == want["dtype"]
             and [i.get("sha256") for i in meta["inputs"]] == want["tasks"]
             and meta.get("versions") == want["versions"])

@@ -298,6 +298,7 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
         begin_generation,
         engine_flags,
         output_lock,
+        resolved_engine,
     )
 
     started = time.time()
@@ -345,6 +346,6 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
                started=started, versions=GEN_VERSIONS)
     info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/{total}; "
          f"{tokens} tokens, {tokens / seconds if seconds else 0:.0f} tokens/s "
-         f"[{flags.get('engine_resolved', {}).get('engine', opts.engine)}] -> {opts.output} "
+         f"[{resolved_engine(flags)}] -> {opts.output} "
          f"({time.time() - started:.1f}s)")
     return counts
