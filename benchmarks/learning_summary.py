@@ -10,7 +10,7 @@ from dataclasses import replace
 from itertools import zip_longest
 from pathlib import Path
 
-from rlany.stages.eval import gain_interval, wilson_interval
+from rlany.stages.eval import gain_interval, on_plan_share, wilson_interval
 
 JUDGED_EVAL = ["--set", "eval.judge=true"]  # arms with a judge: its step accuracy, base and final
 ARMS = {  # each arm's `rlany loop` switches, in the order of the table's rows
@@ -40,18 +40,30 @@ def heldout_summary(path: Path) -> dict | None:
     return d
 
 
-def judge_on_rollouts(it_dir: Path) -> dict | None:
+def rollout_views(it_dir: Path) -> tuple[dict | None, float | None]:
+    """One iteration's rollouts, read once: the judge on them (`judge_on_rollouts`) and the
+    share of the policy's steps the env labels +1 (on a shortest plan): what step labels
+    teach, visible before the outcome moves (None: no labels)."""
+    from rlany.jsonl import JsonlReader
+    from rlany.records import Trajectory
+
+    path = it_dir / "trajectories.jsonl"
+    trajs = [t for _, t in JsonlReader(path, Trajectory, "trajectories")] if path.exists() \
+        else []
+    return judge_on_rollouts(it_dir, trajs), on_plan_share(trajs)
+
+
+def judge_on_rollouts(it_dir: Path, trajectories: list) -> dict | None:
     """The judge's verdicts on one iteration's rollouts against the env's step labels
     (balanced accuracy) and its share of +1 verdicts, read from the iteration's files (so
     runs made before the judge stage reported it are covered too)."""
     from rlany.jsonl import JsonlReader
-    from rlany.records import JudgeSample, Judgment, Trajectory
+    from rlany.records import JudgeSample, Judgment
     from rlany.stages.eval import judge_metrics
 
     if not (it_dir / "judgments.jsonl").exists():
         return None
-    trajs = {t.traj_id: t for _, t in JsonlReader(it_dir / "trajectories.jsonl", Trajectory,
-                                                   "trajectories")}
+    trajs = {t.traj_id: t for t in trajectories}
     judged = [j for _, j in JsonlReader(it_dir / "judgments.jsonl", Judgment, "judgments")
               if j.steps]
     judged_trajs = [trajs[j.traj_id] for j in judged]
@@ -64,19 +76,6 @@ def judge_on_rollouts(it_dir: Path) -> dict | None:
     return {"label_accuracy": m["judge_step_accuracy"],
             "outcome_label_accuracy": judge_metrics(judged_trajs, oracle)["judge_step_accuracy"],
             "positive_share": sum(v == 1 for v in scores) / len(scores) if scores else None}
-
-
-def on_plan_share(it_dir: Path) -> float | None:
-    """The share of the policy's own rollout steps that the env labels +1 (on a shortest
-    plan): what step labels teach, visible before the outcome moves (None: no labels)."""
-    from rlany.jsonl import JsonlReader
-    from rlany.records import Trajectory
-    from rlany.stages.eval import on_plan_share as share
-
-    path = it_dir / "trajectories.jsonl"
-    if not path.exists():
-        return None
-    return share([t for _, t in JsonlReader(path, Trajectory, "trajectories")])
 
 
 def summarize_run(run: Path) -> dict | None:
@@ -92,14 +91,15 @@ def summarize_run(run: Path) -> dict | None:
             curve.append({"iteration": int(it_dir.name[5:]), **e})
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
                ] if (run / "metrics.jsonl").exists() else []
+    views = [rollout_views(d) for d in sorted(run.glob("iter_*"))]
     return {"run": str(run), "iterations_done": len(metrics), "base": base, "init": init,
             "final": curve[-1],
             "curve": curve, "train_acc": [m.get("train_acc") for m in metrics],
             "accepted_tasks": [m.get("accepted_tasks") or 0 for m in metrics],
             "rm_samples": [m.get("rm_samples") for m in metrics],
             "stage_seconds": [m.get("seconds") for m in metrics],
-            "judge_on_rollouts": [judge_on_rollouts(d) for d in sorted(run.glob("iter_*"))],
-            "on_plan": [on_plan_share(d) for d in sorted(run.glob("iter_*"))],
+            "judge_on_rollouts": [judge for judge, _ in views],
+            "on_plan": [share for _, share in views],
             "seconds": round(sum(sum((m.get("seconds") or {}).values()) for m in metrics), 1),
             # base and trained judges on fixed held-out labelled steps (judge_heldout.py)
             "judge_heldout": heldout_summary(run / "judge_heldout.json"),
