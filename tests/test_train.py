@@ -443,3 +443,33 @@ def test_lora_on_the_top_layers_only(tiny_model, tmp_path):
     weights = load_file(tmp_path / "a" / "adapter_model.safetensors")
     assert weights and all(".layers.1." in n for n in weights)
     assert any(w.abs().sum() > 0 for n, w in weights.items() if "lora_B" in n)
+
+
+def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights(tiny_model, tmp_path):
+    """At full fine-tuning's lr ~1e-6 bf16 weights round most updates away (a bf16 weight's
+    spacing is 2^-8 of its size): the weights and AdamW's state stay fp32, the forward runs
+    under bf16 autocast, the checkpoint holds the fp32 weights."""
+    opts = TrainOptions(output="unused", lr=1e-6, full=True, dtype="bfloat16", micro_batch=4,
+                        grad_accum=1, max_steps=2)
+    model, tok = load_model(tiny_model, None, opts)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def changed(net) -> float:  # the share of the attention and MLP weights that moved
+        moved = [(p.detach() != before[n]).float().mean().item()
+                 for n, p in net.named_parameters() if "proj" in n]
+        return sum(moved) / len(moved)
+
+    train(_samples(tok), model, tok, opts, tmp_path / "ckpt", {"data_sha256": "x"},
+          lambda r: None)
+    assert changed(model) > 0.9
+    saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert saved.get("dtype", saved.get("torch_dtype")) == "float32"
+    # the same two steps on bf16 weights (what --full in bf16 did before): nearly all lost
+    low = tmp_path / "low"
+    model, tok = load_model(tiny_model, None, TrainOptions(output="unused", full=True,
+                                                           dtype="float32"))
+    model.to(torch.bfloat16)
+    before = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    train(_samples(tok), model, tok, opts, low, {"data_sha256": "x"}, lambda r: None)
+    assert changed(model) < 0.5

@@ -101,7 +101,7 @@ def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
     from rlany.jsonl import JsonlReader
     from rlany.outputs import write_text_atomic
     from rlany.provenance import sha256_file
-    from rlany.training.model import borrowed_model, load_model
+    from rlany.training.model import borrowed_model, load_model, master_fp32
     from rlany.training.samples import tokenize
     from rlany.training.trainer import train
 
@@ -133,11 +133,12 @@ def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
                 "iteration": opts.iteration, "data": opts.input,
                 "data_sha256": sha256_file(path), "samples": len(samples),
                 "dropped_too_long": dropped, "dtype": opts.dtype,
+                "weights_dtype": "float32" if master_fp32(opts) else opts.dtype,
                 "base_from": "engine" if shared else "disk"}
         where = ", on the engine's network (one copy in memory)" if shared else ""
         say(f"{plan.label}: {len(samples)} samples ({dropped} dropped as longer than "
             f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}, "
-            f"{opts.dtype}{where}")
+            f"{opts.dtype}{' with fp32 master weights' if master_fp32(opts) else ''}{where}")
         return train(samples, net, tokenizer, opts, out, meta, log, objective=plan.objective)
 
 

@@ -72,6 +72,17 @@ def borrowed_model(engine, adapter: str | None, opts: TrainFields):
             p.requires_grad_(False)
 
 
+def master_fp32(opts: TrainFields) -> bool:
+    """Full fine-tuning in bf16 keeps its weights (and AdamW's state) in fp32 and runs the
+    forward under bf16 autocast, as every trainer does: an update below a bf16 weight's
+    spacing (2^-8 of its size) is rounded away, and at full fine-tuning's ~1e-6 that is
+    most of them (a tiny model at lr 1e-6 in pure bf16 changed 1.5% of its weights in 2
+    steps; benchmarks/LOG.md 2026-11-26). LoRA needs no such copy: PEFT keeps the adapter's
+    own weights in fp32. float16 stays as asked (no loss scaling here)."""
+    from rlany.compat import resolve_dtype
+    return opts.full and resolve_dtype(opts.dtype) == "bfloat16"
+
+
 def load_model(base: str, adapter: str | None, opts: TrainFields):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -80,8 +91,9 @@ def load_model(base: str, adapter: str | None, opts: TrainFields):
     enable_cpu_masked_gqa()
 
     tokenizer = AutoTokenizer.from_pretrained(adapter if opts.full and adapter else base)
+    dtype = "float32" if master_fp32(opts) else resolve_dtype(opts.dtype)
     model = AutoModelForCausalLM.from_pretrained(adapter if opts.full and adapter else base,
-                                                 dtype=getattr(torch, resolve_dtype(opts.dtype)))
+                                                 dtype=getattr(torch, dtype))
     if opts.full:
         return model, tokenizer
     from peft import PeftModel, get_peft_model

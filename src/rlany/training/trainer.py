@@ -119,6 +119,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     from rlany.compat import accepts_logits_to_keep
     from rlany.shared_prefix import shareable, shared_logprobs
     from rlany.training import state
+    from rlany.training.model import master_fp32
     from rlany.training.verdict import choice_logprobs
 
     started = time.perf_counter()
@@ -138,7 +139,16 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     keep = accepts_logits_to_keep(model)
     share = opts.share_prefix and keep and shareable(acc.unwrap_model(model))
 
+    # full fine-tuning in bf16: fp32 weights, the forward under bf16 autocast (our own
+    # context, not Accelerate's mixed_precision: that is fixed once per process, and the
+    # loop trains LoRA and full models in one process)
+    amp = master_fp32(opts)
+
     def forward(batch: list[Sample]):
+        with torch.autocast(acc.device.type, dtype=torch.bfloat16) if amp else nullcontext():
+            return _forward(batch)
+
+    def _forward(batch: list[Sample]):
         if objective in VERDICT_OBJECTIVES:  # log q(choice | prompt), (B, C)
             return choice_logprobs(model, [s.prompt_ids for s in batch],
                                    batch[0].choice_ids, pad, acc.device, share,
@@ -187,6 +197,9 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
         if (step + 1) % opts.save_every == 0 and step + 1 < len(steps):
             state.save_state(acc, partial, step + 1, meta, plan)
     summary["seconds"] = round(time.perf_counter() - started, 1)
+    if acc.device.type == "cuda":  # this process's peak, the model and optimizer included
+        summary["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(acc.device)
+                                               / 2**30, 2)
     _save(acc, model, tokenizer, output, partial,
           {**meta, "metrics": summary, "options": asdict(opts)})
     acc.wait_for_everyone()
