@@ -12,7 +12,8 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
 	bench-judge-capacity bench-learning-judge \
-	bench-learning-reduced bench-learning-upper bench-learning-warm bench-learning-reasoning bench-sweep \
+	bench-learning-reduced bench-learning-upper bench-learning-miniwob bench-learning-demo \
+	bench-learning-warm bench-learning-reasoning bench-sweep \
 	bench-sweep-reasoning lint golden docs clean
 
 install: $(VENV)/.installed-cpu
@@ -108,6 +109,18 @@ bench-learning-reasoning: install
 		--bench learning-reasoning --arms policy-only --seeds 0 1 2
 	$(PY) benchmarks/learning.py --config examples/reasoning/learn.toml \
 		--bench learning-reasoning --arms full --seeds 0 --readme
+
+# the GUI env: policy-only on MiniWoB++ pages (examples/miniwob/learn.toml, 3 seeds):
+# learning-miniwob.*; needs the browser (`make install` says when it could not install it)
+bench-learning-miniwob: install
+	$(PY) benchmarks/learning.py --config examples/miniwob/learn.toml \
+		--bench learning-miniwob --arms policy-only --seeds 0 1 2 --readme
+
+# make demo's settings (learn.toml, grouped batches, 64 held-out episodes per evaluation),
+# 3 seeds: rows "policy-only [demo]" of the learning table; its time: benchmarks/bench_demo.py
+bench-learning-demo: install
+	$(PY) benchmarks/learning.py --arms policy-only --tag demo \
+		--set train_policy.batch_order=grouped --set eval.n=2 --seeds 0 1 2 --readme
 
 # The judge in the loop (issue "The judge learns"): policy-only, +rm (consistency feedback
 # alone) and full, 3 seeds each, each rm run's judge scored on fixed held-out labelled steps
