@@ -19,10 +19,12 @@ lines, none stopping the next:
 3. `accelerate launch --config_file examples/accelerate/single-gpu.yaml -m rlany
    train-policy` killed (SIGKILL) after its third saved step, rerun: resumes, finishes;
 4. `rlany loop` (2 iterations, the tiny model, hf engine, every switch on): every stage
-   on the GPU in one engine, the trained adapter verified when the engine loads it.
+   on the GPU in one engine, the trained adapter checked when the engine loads it (with
+   random tiny weights the check says "indeterminate", as on a CPU).
 
 `--smoke` runs the same on a CPU with tiny shapes (to test this script, not the GPU).
-Writes `gpu.json` (benchmarks/results/gpu.json is a copy) and `gpu-log.txt` to --out.
+Writes `gpu.json` and `gpu-log.txt` to --out; `--only` reruns some checks (a call that ran
+out of --budget skips the rest). benchmarks/results/gpu.json merges the 2026-11-26 calls.
 """
 
 from __future__ import annotations

@@ -25,6 +25,6 @@ fi
 # held-out episodes per evaluation instead of 128
 sets=()
 [ -n "${DEMO_CONFIG:-}" ] || sets=(--set train_policy.batch_order=grouped --set eval.n=2)
-rlany loop "${DEMO_CONFIG:-examples/household/learn.toml}" --name "$name" "${sets[@]}"
+rlany loop "${DEMO_CONFIG:-examples/household/learn.toml}" --name "$name" ${sets[@]+"${sets[@]}"}
 rlany report "runs/$name"
 echo "demo: see runs/$name/report/report.md and its PNG plots" >&2

@@ -231,6 +231,12 @@ def test_config_errors(tmp_path, monkeypatch):
     bad.write_text('name = "x"\ntasks = "t.jsonl"\n[rollout]\nn = "four"\n')
     with pytest.raises(RlanyError, match=r"\[rollout\] n' must be int"):
         load_config(str(bad))
+    # the engine serves LoRA adapters: a full model is refused before any work, not at
+    # the next iteration's rollout
+    for table in ("train_policy", "train_rm"):
+        bad.write_text(f'name = "x"\ntasks = "t.jsonl"\n[{table}]\nfull = true\n')
+        with pytest.raises(RlanyError, match=rf"\[{table}\] full = true"):
+            load_config(str(bad))
 
 
 def test_set_overrides_a_table_or_top_level_key(tmp_path, cli, monkeypatch):

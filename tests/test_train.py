@@ -456,12 +456,17 @@ def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights(tiny_model, tmp_path
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     def changed(net) -> float:  # the share of the attention and MLP weights that moved
-        moved = [(p.detach() != before[n]).float().mean().item()
+        moved = [(p.detach().cpu() != before[n]).float().mean().item()
                  for n, p in net.named_parameters() if "proj" in n]
         return sum(moved) / len(moved)
 
+    seen = set()  # the dtype a linear layer computes in: bf16 under the autocast
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    hook = linear.register_forward_hook(lambda m, i, out: seen.add(out.dtype))
     train(_samples(tok), model, tok, opts, tmp_path / "ckpt", {"data_sha256": "x"},
           lambda r: None)
+    hook.remove()
+    assert seen == {torch.bfloat16}
     assert changed(model) > 0.9
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert saved.get("dtype", saved.get("torch_dtype")) == "float32"

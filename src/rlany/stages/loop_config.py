@@ -170,10 +170,12 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
         _check_warm_start(cfg)
     if cfg.judge_warm_start:
         _check_judge_warm_start(cfg)
-    if cfg.tables.get("train_policy", {}).get("full") and (cfg.init_policy or cfg.warm_start):
-        raise RlanyError(f"{'init_policy is' if cfg.init_policy else 'warm_start makes'} a LoRA "
-                         "adapter; [train_policy] full = true cannot continue it",
-                         where=cfg.path)
+    for table in ("train_policy", "train_rm"):  # before an iteration's work is spent
+        if cfg.tables.get(table, {}).get("full"):
+            raise RlanyError(f"[{table}] full = true: the loop's engine serves the base model "
+                             "with LoRA adapters and cannot load a fully fine-tuned model",
+                             where=cfg.path, hint="use LoRA in the loop; `rlany train-policy "
+                             "--full` works as a stage on its own")
     _resolve(cfg, overrides)
     for table in tables:  # every stage's options, checked before anything runs
         cfg.options(table, **_placeholders(tables[table].options))

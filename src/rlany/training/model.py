@@ -78,9 +78,13 @@ def master_fp32(opts: TrainFields) -> bool:
     spacing (2^-8 of its size) is rounded away, and at full fine-tuning's ~1e-6 that is
     most of them (a tiny model at lr 1e-6 in pure bf16 changed 1.5% of its weights in 2
     steps; benchmarks/LOG.md 2026-11-26). LoRA needs no such copy: PEFT keeps the adapter's
-    own weights in fp32. float16 stays as asked (no loss scaling here)."""
+    own weights in fp32. Not under DeepSpeed, whose own bf16 mode keeps fp32 master weights
+    (and checks that no autocast encloses its engine)."""
+    import os
+
     from rlany.compat import resolve_dtype
-    return opts.full and resolve_dtype(opts.dtype) == "bfloat16"
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true")
+    return opts.full and resolve_dtype(opts.dtype) == "bfloat16" and not deepspeed
 
 
 def load_model(base: str, adapter: str | None, opts: TrainFields):

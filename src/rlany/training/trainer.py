@@ -124,6 +124,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
 
     started = time.perf_counter()
     acc = Accelerator()
+    if acc.device.type == "cuda":  # this training's peak, not the process's (the loop's engine)
+        torch.cuda.reset_peak_memory_stats(acc.device)
     torch.manual_seed(opts.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = plan_steps(samples, opts, acc.num_processes)
@@ -197,7 +199,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
         if (step + 1) % opts.save_every == 0 and step + 1 < len(steps):
             state.save_state(acc, partial, step + 1, meta, plan)
     summary["seconds"] = round(time.perf_counter() - started, 1)
-    if acc.device.type == "cuda":  # this process's peak, the model and optimizer included
+    if acc.device.type == "cuda":  # since this training began, model and optimizer included
         summary["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(acc.device)
                                                / 2**30, 2)
     _save(acc, model, tokenizer, output, partial,
