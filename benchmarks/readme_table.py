@@ -86,7 +86,16 @@ def _hf_generate(r: dict) -> str:
             f"median per call); the old full-logits read-out {r['logits_over_plain_seconds']}")
 
 
-FORMAT = {"shared_prefix": _shared_prefix, "hf_generate": _hf_generate, "score": _score,
+def _demo(r: dict) -> str:
+    b, f, lo_hi = r["base"], r["final"], r["gain_ci95"] or [None, None]
+    return (f"{r['minutes']} min; held-out {b['successes']}/{b['episodes']} -> "
+            f"{f['successes']}/{f['episodes']}, gain {r['gain']:+.3f} (95% {lo_hi[0]:+.3f} to "
+            f"{lo_hi[1]:+.3f}), seed 0" + (" (resumed: minutes of the rerun)" if r["resumed"]
+                                          else ""))
+
+
+FORMAT = {"demo": _demo, "shared_prefix": _shared_prefix, "hf_generate": _hf_generate,
+          "score": _score,
           "training": _training,
           "trl": _trl, "memory": _memory,
           "engines": _engines, "sandbox": _sandbox, "generation": _generation,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: prepare SmolLM2-135M-Instruct (once), run the loop that learns on a 2-core CPU
-# (examples/household/learn.toml: base eval, 3 iterations of rollout -> score ->
-# train-policy, final eval on 128 held-out episodes; policy-only RL), then write its report
+# (examples/household/learn.toml with grouped batches: base eval, 3 iterations of rollout ->
+# score -> train-policy, final eval on 64 held-out episodes; policy-only RL), then its report
 # with the gain and its interval. Rerun to resume after a kill. The whole RLAnything loop
 # (judge, reward-model training, task adaptation) on a smaller config:
 #   DEMO_CONFIG=examples/household/loop.toml make demo
@@ -10,12 +10,14 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 name=${DEMO_NAME:-demo}
 rlany models prepare smollm2 >/dev/null
-if [ -z "${DEMO_CONFIG:-}" ]; then  # what learn.toml took, measured alone on 2 cores
+if [ -z "${DEMO_CONFIG:-}" ]; then  # benchmarks/bench_demo.py, alone on 2 cores
   python - <<'PY' >&2
 from rlany.compat import machine_profile
 p = machine_profile()
-kind, minutes = (("AVX-512 + native bf16", 14) if p["dtype"] == "bfloat16"
-                 else ("no native bf16 (fp32 training)", 55))
+# fp32: 12.1 min measured with AVX2 kernels forced (results/demo-avx2forced-float32.json);
+# bf16: not timed as make demo, ~8 from the learning benchmark's grouped runs
+kind, minutes = (("AVX-512 + native bf16", "8") if p["dtype"] == "bfloat16"
+                 else ("no native bf16 (fp32 training)", "12-16"))
 print(f"demo: about {minutes} minutes on a 2-core CPU with {kind}, as this one "
       f"({p['cpu_capability']}, {p['cores']} cores usable); rerun to resume after a kill")
 PY

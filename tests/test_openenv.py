@@ -1,7 +1,8 @@
 """The `openenv` env against a live OpenEnv-protocol server on 127.0.0.1 (`openenv_server`):
 episodes through the env, `rlany rollout --engine fake` end to end (free and constrained
 actions, a server started from the spec's command, images), then judge and score over the
-trajectories; a server that is down, slow, full or answers garbage; bad specs. With
+trajectories and one train-policy step on what they scored; a rollout killed with SIGKILL
+and resumed; a server that is down, slow, full or answers garbage; bad specs. With
 openenv-core installed, the same episodes also run against its own server."""
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def test_free_text_and_json_actions_and_server_rejections(url):
     assert env.step('Answer: {"guess": 3}').success
 
 
-def test_rollout_judge_score_end_to_end_with_a_fake_policy(url, tmp_path, cli):
+def test_rollout_judge_score_train_end_to_end_with_a_fake_policy(url, tmp_path, cli,
+                                                                 tiny_model):
     tasks, script = tmp_path / "tasks.jsonl", tmp_path / "policy.json"
     r = cli("envs", "make-tasks", "openenv", "--n", "3", "--seed", "0", "--knob", f"url={url}",
             "-o", str(tasks))
@@ -129,6 +131,27 @@ def test_rollout_judge_score_end_to_end_with_a_fake_policy(url, tmp_path, cli):
     r = cli("score", "-i", str(out), "--judgments", str(judged), "-o", str(scored))
     assert r.returncode == 0, r.stderr
     assert len([x for x in read_jsonl(scored) if "traj_id" in x]) == 12
+    # and one policy update on what the served env's episodes scored
+    r = cli("train-policy", "-i", str(scored), "-o", str(tmp_path / "policy"), "--model",
+            tiny_model, "--max-steps", "1", "--dtype", "float32")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "policy" / "rlany.json").read_text())["metrics"]["steps"] == 1
+
+
+def test_a_killed_rollout_over_a_server_resumes_without_duplicates(url, tmp_path, cli):
+    """SIGKILL a rollout over the live server at two points, rerun it: the same bytes as
+    an uninterrupted run, each trajectory once (test_faults' kill points)."""
+    from test_faults import check_kill_points, rlany
+
+    tasks, script = tmp_path / "tasks.jsonl", tmp_path / "policy.json"
+    r = cli("envs", "make-tasks", "openenv", "--n", "12", "--seed", "0", "--knob", f"url={url}",
+            "-o", str(tasks))
+    assert r.returncode == 0, r.stderr
+    script.write_text(json.dumps(["1", "2", "3", "4", "5", "maybe 3?"]))
+    check_kill_points(tmp_path, lambda d: rlany(
+        "rollout", "-i", str(tasks), "-o", str(d / "traj.jsonl"), "--engine", "fake",
+        "--model", str(script), "--n", "4", "--max-steps", "3", "--batch-tasks", "2"),
+        2, ["traj.jsonl"])
 
 
 def test_a_server_started_from_the_spec_is_stopped_with_the_stage(tmp_path, cli):
