@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import check_name, cpu_setting, save  # noqa: E402
+from learning_summary import _eval  # noqa: E402  # an eval.json as successes / episodes
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MIN = 15
@@ -55,10 +56,9 @@ def main() -> None:
                    env={**{k: v for k, v in os.environ.items() if k != "DEMO_CONFIG"},
                         "DEMO_NAME": name})  # the demo as `make demo` runs it
     minutes = (time.time() - t0) / 60
-    base = json.loads((run / "eval_base.json").read_text())
-    final = json.loads(sorted(run.glob("iter_*/eval.json"))[-1].read_text())
-    k0, n0 = round(base["success_rate"] * base["trajectories"]), base["trajectories"]
-    k1, n1 = round(final["success_rate"] * final["trajectories"]), final["trajectories"]
+    base, final = _eval(run / "eval_base.json"), _eval(sorted(run.glob("iter_*/eval.json"))[-1])
+    (k0, n0), (k1, n1) = (base["successes"], base["episodes"]), (final["successes"],
+                                                               final["episodes"])
     interval = gain_interval(k1, n1, k0, n0)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
     stages: dict[str, float] = {}

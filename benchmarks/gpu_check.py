@@ -144,9 +144,9 @@ def scored_file(path: Path, n: int, prompt_words: int, response_words: int) -> N
             f.write(json.dumps(to_json(rec)) + "\n")
 
 
-def sidecar(path: Path) -> dict:
-    meta = path.with_suffix(".meta.json")
-    return json.loads(meta.read_text()) if meta.exists() else {}
+def sidecar(path: Path) -> dict:  # the stage's `.meta.json`, {} where it wrote none
+    from rlany.provenance import sidecar as read
+    return read(path) or {}
 
 
 def generation(c: Checks, model: Path, name: str, work: Path, tasks: Path, evals: Path,
@@ -157,10 +157,12 @@ def generation(c: Checks, model: Path, name: str, work: Path, tasks: Path, evals
     out = {}
     rc, sec, tail = c.cli("rollout", "-i", tasks, "-o", traj, "--model", model, "--engine",
                           "hf", "--n", 8, "--max-steps", 2, "--max-tokens", tok, timeout=150)
-    counts = sidecar(traj).get("counts", {})
+    meta = sidecar(traj)
+    counts = meta.get("counts", {})
     out["rollout"] = {"rc": rc, "wall_s": round(sec, 1), "tokens": counts.get("completion_tokens"),
-                      "tokens_per_s": _rate(counts), "dtype": sidecar(traj).get("flags", {})
-                      .get("dtype_resolved"), **({"error": tail} if rc else {})}
+                      "tokens_per_s": _rate(counts),
+                      "dtype": meta.get("flags", {}).get("dtype_resolved"),
+                      **({"error": tail} if rc else {})}
     if not rc:
         rc, sec, tail = c.cli("judge", "-i", traj, "-o", judg, "--model", model, "--engine",
                               "hf", "--m", 4, "--max-tokens", tok, timeout=150)
@@ -277,11 +279,11 @@ def loop(c: Checks, tiny: Path, work: Path, smoke: bool) -> None:
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] \
         if (run / "metrics.jsonl").exists() else []
     traj = run / "iter_001" / "trajectories.jsonl"
-    checks = sidecar(traj).get("counts", {})
+    meta = sidecar(traj)
+    checks, flags = meta.get("counts", {}), meta.get("flags", {})
     c.record("loop", ok=rc == 0, rc=rc, wall_s=round(sec, 1), iterations=len(metrics),
              adapter_checks={k: v for k, v in checks.items() if "adapter" in k},
-             engine=sidecar(traj).get("flags", {}).get("engine"),
-             dtype=sidecar(traj).get("flags", {}).get("dtype_resolved"),
+             engine=flags.get("engine"), dtype=flags.get("dtype_resolved"),
              **({"error": tail} if rc else {}))
 
 

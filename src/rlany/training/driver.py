@@ -107,6 +107,7 @@ def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
 
     out = Path(opts.output)
     shared = _can_borrow(engine, base, opts)
+    fp32_master = master_fp32(opts)
     with (borrowed_model(engine, opts.adapter, opts) if shared else
           nullcontext(load_model(base, opts.adapter, opts))) as (net, tokenizer):
         reader = JsonlReader(path, *plan.records, name=opts.input)
@@ -133,12 +134,12 @@ def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
                 "iteration": opts.iteration, "data": opts.input,
                 "data_sha256": sha256_file(path), "samples": len(samples),
                 "dropped_too_long": dropped, "dtype": opts.dtype,
-                "weights_dtype": "float32" if master_fp32(opts) else opts.dtype,
+                "weights_dtype": "float32" if fp32_master else opts.dtype,
                 "base_from": "engine" if shared else "disk"}
         where = ", on the engine's network (one copy in memory)" if shared else ""
         say(f"{plan.label}: {len(samples)} samples ({dropped} dropped as longer than "
             f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}, "
-            f"{opts.dtype}{' with fp32 master weights' if master_fp32(opts) else ''}{where}")
+            f"{opts.dtype}{' with fp32 master weights' if fp32_master else ''}{where}")
         return train(samples, net, tokenizer, opts, out, meta, log, objective=plan.objective)
 
 

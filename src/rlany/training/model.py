@@ -80,11 +80,11 @@ def master_fp32(opts: TrainFields) -> bool:
     steps; benchmarks/LOG.md 2026-11-26). LoRA needs no such copy: PEFT keeps the adapter's
     own weights in fp32. Not under DeepSpeed, whose own bf16 mode keeps fp32 master weights
     (and checks that no autocast encloses its engine)."""
-    import os
+    from accelerate.utils import parse_flag_from_env
 
     from rlany.compat import resolve_dtype
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true")
-    return opts.full and resolve_dtype(opts.dtype) == "bfloat16" and not deepspeed
+    return (opts.full and resolve_dtype(opts.dtype) == "bfloat16"
+            and not parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"))
 
 
 def load_model(base: str, adapter: str | None, opts: TrainFields):

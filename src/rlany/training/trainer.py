@@ -142,8 +142,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     share = opts.share_prefix and keep and shareable(acc.unwrap_model(model))
 
     # full fine-tuning in bf16: fp32 weights, the forward under bf16 autocast (our own
-    # context, not Accelerate's mixed_precision: that is fixed once per process, and the
-    # loop trains LoRA and full models in one process)
+    # context, not Accelerate's mixed_precision: that is fixed by the first Accelerator of
+    # a process, and one process may train several times: the loop's stages, a test run)
     amp = master_fp32(opts)
 
     def forward(batch: list[Sample]):
