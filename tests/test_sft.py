@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,50 @@ def test_loop_warm_start_makes_its_first_adapter(tmp_path, tiny_model):
         _run_warm(_warm_config(tmp_path / "y", tiny_model, tasks=sums))
     assert e.value.where == f"{tmp_path / 'y' / 'pool.jsonl'}:1"
     assert not (tmp_path / "y" / "runs" / "w" / "eval_base.json").exists()
+
+
+def test_sibling_runs_share_an_identical_warm_start_and_its_evaluation(tmp_path, tiny_model):
+    """A second run beside the first with the same warm-start settings copies warm_start/
+    and eval_init.json (its own paths in them, `reused_from` saying whence); another seed
+    or another sft setting makes its own."""
+    from rlany.engines.fake import FakeEngine
+    from rlany.models import resolve_model
+    from rlany.stages.loop import Loop, load_config
+
+    config = _warm_config(tmp_path, tiny_model)
+
+    def run(name, **kw):
+        loop = Loop(load_config(config, {"name": name, **kw}), config)
+        loop._engine = FakeEngine.from_rules([{"responses": ["1", "2", "3", "4", "5"]}],
+                                             model=resolve_model(tiny_model))
+        loop.run()
+        return loop.dir
+
+    a, b = run("a"), run("b")
+    for rel in ("warm_start/demos.jsonl", "warm_start/sft/adapter_model.safetensors"):
+        assert (b / rel).read_bytes() == (a / rel).read_bytes()
+    sft = json.loads((b / "warm_start/sft/rlany.json").read_text())
+    assert sft["reused_from"] == str(a / "warm_start")
+    assert sft["options"]["output"] == str(b / "warm_start/sft")
+    assert sft["data"] == str(b / "warm_start/demos.jsonl")
+    demos_meta = json.loads((b / "warm_start/demos.meta.json").read_text())
+    assert demos_meta["flags"]["output"] == str(b / "warm_start/demos.jsonl")
+    init = json.loads((b / "eval_init.meta.json").read_text())
+    assert init["reused_from"] == str(a / "eval_init.json")
+    assert init["flags"]["adapter"] == str(b / "warm_start/sft")
+    assert json.loads((b / "eval_init.json").read_text())["policy"]["adapter"] == \
+        str(b / "warm_start/sft")
+    assert json.loads((b / "iter_000/policy/rlany.json").read_text())["init_adapter"] == \
+        str(b / "warm_start/sft")
+    assert not list(b.glob(".*share-tmp"))
+    c = run("c", seed=1)   # another seed: its own warm start and evaluation
+    assert "reused_from" not in json.loads((c / "warm_start/sft/rlany.json").read_text())
+    assert "reused_from" not in json.loads((c / "eval_init.meta.json").read_text())
+    # the warm start shared but its weights changed since: the evaluation is not shared
+    d = tmp_path / "runs" / "d"
+    (d / "warm_start").mkdir(parents=True)
+    shutil.copytree(a / "warm_start", d / "warm_start", dirs_exist_ok=True)
+    weights = d / "warm_start/sft/adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    assert Path(run("d") / "eval_init.meta.json").exists()
+    assert "reused_from" not in json.loads((d / "eval_init.meta.json").read_text())

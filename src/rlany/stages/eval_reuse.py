@@ -1,4 +1,5 @@
-"""The base model's evaluation, shared by the runs of one runs directory.
+"""The base model's evaluation (and a shared warm start's), shared by the runs of one runs
+directory.
 
 Every run of an ablation evaluates the base model on the same held-out tasks before it
 trains (`eval_base.json`): with the same seed, flags and tasks those are the same
@@ -11,7 +12,10 @@ the same package versions is copied in
 Anything that differs evaluates again: a seed, a judge setting, the tasks file, the engine
 or precision `auto` resolves to on this machine, a package upgrade, a change to rlany's own
 code (`versions.rlany_source`). A served model (`--engine openai`) is never shared: its
-weights can change behind the same URL.
+weights can change behind the same URL. The warm start's evaluation (`eval_init.json`) is
+shared the same way when its adapters' weights are the sibling's (sha256; the warm start
+itself is shared by `rlany.stages.warm_reuse`): its summary and sidecar then name this
+run's adapter paths.
 """
 
 from __future__ import annotations
@@ -21,14 +25,28 @@ import json
 from pathlib import Path
 from typing import Any
 
-BASE = "eval_base.json"
+BASE, INIT = "eval_base.json", "eval_init.json"
 # the output's path, and what the sidecar holds resolved (compared resolved, below)
 _SKIP = ("output", "engine_resolved", "model", "dtype_resolved")
+_ADAPTERS = ("adapter", "judge_adapter")  # compared by their weights, not their paths
 
 
-def _comparable(flags: dict) -> dict:  # as the sidecar holds them (paths, tuples)
-    return json.loads(json.dumps({k: v for k, v in flags.items() if k not in _SKIP},
-                                 default=str))
+def weights_digest(path: str | None) -> str | None:
+    """sha256 over an adapter's weight files (its other files name its own paths)."""
+    import hashlib
+
+    from rlany.provenance import sha256_file
+    if path is None:
+        return None
+    files = sorted(Path(path).glob("*.safetensors")) + sorted(Path(path).glob("*.bin"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no weights")
+    return hashlib.sha256(" ".join(sha256_file(f) for f in files).encode()).hexdigest()
+
+
+def _comparable(flags: dict, skip: tuple = ()) -> dict:  # as a sidecar holds them
+    return json.loads(json.dumps({k: v for k, v in flags.items()
+                                  if k not in _SKIP + skip}, default=str))
 
 
 def _expected(opts: Any) -> dict | None:
@@ -40,12 +58,14 @@ def _expected(opts: Any) -> dict | None:
     from rlany.provenance import sha256_file
     from rlany.stageio import GEN_VERSIONS, WEIGHT_ENGINES
 
-    if (Path(opts.output).name != BASE or opts.adapter or opts.judge_adapter
+    name = Path(opts.output).name
+    if (name not in (BASE, INIT) or (name == BASE and (opts.adapter or opts.judge_adapter))
             or opts.trajectories or opts.engine == "openai"):
         return None  # a served model can change behind its URL
     try:
         engine = resolve_engine(opts.engine)[0]
-        return {"flags": _comparable(dataclasses.asdict(opts)),
+        return {"flags": _comparable(dataclasses.asdict(opts), _ADAPTERS),
+                "adapters": [weights_digest(getattr(opts, k)) for k in _ADAPTERS],
                 "model": resolve_model(opts.model), "tasks": [sha256_file(opts.input)],
                 "engine": engine, "versions": package_versions(*GEN_VERSIONS),
                 # as stageio.engine_flags records it: for the engines that load weights
@@ -58,7 +78,8 @@ def _holds(meta: dict, want: dict) -> bool:
     from rlany.stageio import resolved_engine
 
     flags = meta["flags"]
-    return (meta.get("stage") == "eval" and _comparable(flags) == want["flags"]
+    return (meta.get("stage") == "eval" and _comparable(flags, _ADAPTERS) == want["flags"]
+            and [weights_digest(flags.get(k)) for k in _ADAPTERS] == want["adapters"]
             and flags.get("model") == want["model"] and resolved_engine(flags) == want["engine"]
             and flags.get("dtype_resolved") == want["dtype"]
             and [i.get("sha256") for i in meta["inputs"]] == want["tasks"]
@@ -74,8 +95,8 @@ def find_base_eval(opts: Any) -> tuple[Path, dict, str] | None:
     if want is None:
         return None
     out = Path(opts.output)
-    for meta_file in sorted(out.parent.parent.glob(f"*/{meta_path(BASE).name}")):
-        src = meta_file.parent / BASE
+    for meta_file in sorted(out.parent.parent.glob(f"*/{meta_path(out.name).name}")):
+        src = meta_file.parent / out.name
         if src.parent.resolve() == out.parent.resolve():
             continue
         try:
@@ -101,6 +122,11 @@ def reuse_base_eval(opts: Any) -> Path | None:
     if found is None:
         return None
     src, meta, text = found
+    if src.name == INIT:  # its summary and sidecar name the sibling's adapters: this run's
+        from rlany.stages.warm_reuse import rewrite
+        old, new = str(src.parent), str(Path(opts.output).parent)
+        text = json.dumps(rewrite(json.loads(text), old, new), indent=2) + "\n"
+        meta["flags"] = rewrite(meta["flags"], old, new)
     meta["flags"]["output"] = str(opts.output)
     meta["reused_from"] = str(src)
     write_text_atomic(opts.output, text)
@@ -115,5 +141,6 @@ def eval_done(opts: Any) -> Path:
     from rlany.jsonl import meta_path
 
     if not meta_path(opts.output).exists() and (src := reuse_base_eval(opts)):
-        info(f"loop: base evaluation shared: {src} (same flags, tasks and versions)")
+        what = "warm start's" if src.name == INIT else "base"
+        info(f"loop: {what} evaluation shared: {src} (same flags, tasks and versions)")
     return meta_path(opts.output)

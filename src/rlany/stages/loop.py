@@ -13,7 +13,9 @@ Before iteration 0: runs/NAME/eval_base.json (the base model) and, with `init_po
 warm-start adapter such as `rlany sft`'s, which iteration 0 starts from), eval_init.json.
 `warm_start = true` makes that adapter first, in runs/NAME/warm_start/: demos.jsonl (`rlany
 rollout --expert`: the env's expert plays every pool task once, in the policy's prompts) and
-sft/ (`rlany sft` on them, `[sft]` settings, `[train_policy]`'s LoRA shape).
+sft/ (`rlany sft` on them, `[sft]` settings, `[train_policy]`'s LoRA shape). A sibling run
+in the same runs directory that made the identical warm start (and its evaluation) lends
+its copy instead (`rlany.stages.warm_reuse`, as `eval_reuse` does for the base evaluation).
 
 The config is flat: top-level keys (the run: name, tasks, model, engine, seed, ...) and one
 table per stage whose keys are that stage's flags, e.g. `[rollout] max_tokens = 96` is
@@ -56,6 +58,7 @@ from rlany.stages.loop_stages import (
     Stage,
     _pending,
 )
+from rlany.stages.warm_reuse import share_warm_start
 
 __all__ = ["Loop", "LoopConfig", "load_config"]
 
@@ -110,6 +113,8 @@ class Loop:
         if self.cfg.warm_start:  # first: an env without an expert fails before anything
             warm = self.dir / "warm_start"
             warm.mkdir(exist_ok=True)
+            if src := share_warm_start(*(self.options(s, warm, 0) for s in WARM_START), warm):
+                info(f"loop: warm start shared: {src} (same flags, pool and versions)")
             for stage in WARM_START:
                 yield stage, warm, 0, {}
         if self.cfg.judge_warm_start:
@@ -174,8 +179,7 @@ class Loop:
         from rlany.options import to_argv
 
         command = BY_TABLE[stage.table]
-        opts = self.cfg.options(stage.config or stage.table, **{**stage.io(self, d, it), **io})
-        opts = dataclasses.replace(opts, **stage.forced(self))
+        opts = self.options(stage, d, it, **io)
         skipped = d / f"{stage.table}.skipped.json"
         if stage.done(opts).exists() or skipped.exists():
             info(f"loop: skip {command.name}: {opts.output} is complete")
@@ -195,6 +199,11 @@ class Loop:
             info(f"loop: {command.name} skipped: {e.message}; the model stays as it was")
             write_text_atomic(skipped, json.dumps({"reason": e.message}) + "\n")
         return command.name
+
+    def options(self, stage: Stage, d: Path, it: int, **io: Any) -> Any:
+        """The options `stage` runs with in directory `d` of iteration `it`."""
+        opts = self.cfg.options(stage.config or stage.table, **{**stage.io(self, d, it), **io})
+        return dataclasses.replace(opts, **stage.forced(self))
 
     def _pool(self, it: int, d: Path) -> None:
         """tasks.jsonl (a copy: no pool is overwritten in place) and rollout_tasks.jsonl
