@@ -478,3 +478,26 @@ def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights(tiny_model, tmp_path
     before = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     train(_samples(tok), model, tok, opts, low, {"data_sha256": "x"}, lambda r: None)
     assert changed(model) < 0.5
+
+
+def test_autocast_is_for_full_bf16_anywhere_and_for_lora_bf16_on_a_gpu(tiny_model, tmp_path,
+                                                                       monkeypatch):
+    """LoRA's fp32 adapters on a bf16 base: under autocast on a GPU (PEFT's casts to fp32
+    cost ~25% there), as measured on a CPU (every learning result), never under DeepSpeed;
+    the checkpoint says which."""
+    from rlany.training.model import autocast_bf16
+
+    lora, full = (TrainOptions(output="unused", dtype="bfloat16", full=f) for f in (0, 1))
+    fp32 = TrainOptions(output="unused", dtype="float32")
+    assert autocast_bf16(lora, "cuda") and autocast_bf16(full, "cpu")
+    assert not autocast_bf16(lora, "cpu") and not autocast_bf16(fp32, "cuda")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert not autocast_bf16(lora, "cuda") and not autocast_bf16(full, "cuda")
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    opts = TrainOptions(output="unused", micro_batch=4, grad_accum=1, max_steps=1, lora_r=4,
+                        dtype="float32")
+    model, tok = load_model(tiny_model, None, opts)
+    train(_samples(tok), model, tok, opts, tmp_path / "ckpt", {"data_sha256": "x"},
+          lambda r: None)
+    saved = json.loads((tmp_path / "ckpt" / "rlany.json").read_text())
+    assert saved["autocast"] is None and saved["metrics"]["shared_prefix"] is True

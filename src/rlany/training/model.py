@@ -87,6 +87,22 @@ def master_fp32(opts: TrainFields) -> bool:
             and not parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"))
 
 
+def autocast_bf16(opts: TrainFields, device_type: str) -> bool:
+    """Whether the trainer's forward runs under bf16 autocast: full fine-tuning with fp32
+    master weights (above), and LoRA in bf16 on a GPU. PEFT keeps LoRA's adapters in fp32,
+    so without autocast every adapted linear casts its bf16 input to fp32 and back: one
+    forward + backward of SmolLM2-360M's shape (16 x 896 tokens, LoRA r16 on every linear)
+    ran at 53k tokens/s, 70k under autocast, against 94k for full bf16 (H200,
+    benchmarks/results/gpu.json `lora_probe`). Not on a CPU, where every learning result
+    was measured without it; not under DeepSpeed (as above)."""
+    from accelerate.utils import parse_flag_from_env
+
+    from rlany.compat import resolve_dtype
+    return master_fp32(opts) or (
+        not opts.full and device_type == "cuda" and resolve_dtype(opts.dtype) == "bfloat16"
+        and not parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"))
+
+
 def load_model(base: str, adapter: str | None, opts: TrainFields):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

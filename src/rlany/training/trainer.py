@@ -119,7 +119,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     from rlany.compat import accepts_logits_to_keep
     from rlany.shared_prefix import shareable, shared_logprobs
     from rlany.training import state
-    from rlany.training.model import master_fp32
+    from rlany.training.model import autocast_bf16
     from rlany.training.verdict import choice_logprobs
 
     started = time.perf_counter()
@@ -139,12 +139,17 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     state.save_trainable_only(acc, model)
 
     keep = accepts_logits_to_keep(model)
-    share = opts.share_prefix and keep and shareable(acc.unwrap_model(model))
+    # not on a GPU: there the plain batch ran 2.5x faster (H200, SmolLM2-360M's shape, LoRA
+    # and full; benchmarks/README.md "On a GPU"): a 4-D mask costs attention its fused kernels
+    share = (opts.share_prefix and keep and acc.device.type != "cuda"
+             and shareable(acc.unwrap_model(model)))
 
-    # full fine-tuning in bf16: fp32 weights, the forward under bf16 autocast (our own
-    # context, not Accelerate's mixed_precision: that is fixed by the first Accelerator of
-    # a process, and one process may train several times: the loop's stages, a test run)
-    amp = master_fp32(opts)
+    # full fine-tuning in bf16 (fp32 weights) and LoRA in bf16 on a GPU (fp32 adapters):
+    # the forward under bf16 autocast (our own context, not Accelerate's mixed_precision:
+    # that is fixed by the first Accelerator of a process, and one process may train
+    # several times: the loop's stages, a test run)
+    amp = autocast_bf16(opts, acc.device.type)
+    meta["autocast"] = "bfloat16" if amp else None
 
     def forward(batch: list[Sample]):
         with torch.autocast(acc.device.type, dtype=torch.bfloat16) if amp else nullcontext():
@@ -199,6 +204,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
         if (step + 1) % opts.save_every == 0 and step + 1 < len(steps):
             state.save_state(acc, partial, step + 1, meta, plan)
     summary["seconds"] = round(time.perf_counter() - started, 1)
+    summary["shared_prefix"] = share
     if acc.device.type == "cuda":  # since this training began, model and optimizer included
         summary["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(acc.device)
                                                / 2**30, 2)
