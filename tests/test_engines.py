@@ -81,6 +81,40 @@ def test_hf_prefix_shared_samples_equal_separate_generation(hf):
             assert c.logprobs == pytest.approx(want.logprobs, abs=1e-4)
 
 
+def test_hf_prompts_sharing_a_prefix_prefill_it_once_with_the_same_samples(hf):
+    """The prompts of one chunk that share their first tokens (the instructions) run those
+    once: sampled tokens and log-probs equal the plain left-padded batch's for the same
+    seed, for rests of different lengths (padding in the middle), n = 1 and n > 1."""
+    system = {"role": "system", "content": "You are a careful agent in a household. " * 6}
+    asks = ["Go.", "Open the drawer, then take the apple to the table, slowly.", "Look?"]
+    calls = []
+    real = hf.net.forward
+
+    def spy(*a, **kw):  # the widths the network runs
+        calls.append(tuple((kw.get("input_ids") if "input_ids" in kw else a[0]).shape))
+        return real(*a, **kw)
+
+    for n in (1, 3):
+        requests = [Request([system, {"role": "user", "content": q}],
+                            Sampling(n=n, max_tokens=8, temperature=1.0, seed=7,
+                                     logprobs=True)) for q in asks]
+        out = {}
+        for share in (True, False):
+            hf.share_prompts, calls[:] = share, []
+            hf.net.forward = spy
+            try:
+                out[share] = hf.generate(requests)
+            finally:
+                hf.net.forward, hf.share_prompts = real, True
+            if share:  # the common prefix as one row, once
+                assert calls[0][0] == 1 and calls[0][1] >= 40
+        for a, b in zip(out[True], out[False]):
+            assert a.prompt_token_ids == b.prompt_token_ids
+            assert [c.token_ids for c in a.completions] == [c.token_ids for c in b.completions]
+            for ca, cb in zip(a.completions, b.completions):
+                assert ca.logprobs == pytest.approx(cb.logprobs, abs=1e-4)
+
+
 def test_vllm_decodes_only_the_choices(vllm_engine):
     choices = ("go to table 1", "look", "take apple 1 from table 1")
     (result,) = vllm_engine.generate([Request([{"role": "user", "content": "pick one"}],

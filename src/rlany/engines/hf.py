@@ -2,7 +2,9 @@
 
 Requests are grouped by (adapter, sampling settings) and generated in left-padded batches
 of up to `batch_size` sequences; the `n` samples of a request are `n` rows of one batch
-that share one prefill of the prompt (its KV cache is repeated n times).
+that share one prefill of the prompt (its KV cache is repeated n times), and the prompts of
+a batch that begin with the same tokens (the instructions; a task's episodes) prefill those
+once as one row, then each prompt's rest (padded in the middle; `MIN_SHARED` tokens or more).
 Log-probs are those of the untempered policy at the sampled tokens: log_softmax of the raw
 logits, kept one step at a time as they are sampled (`rlany.engines.hf_logprobs`; the
 processed scores would be after temperature, top-p and the choice mask), so they equal a
@@ -27,7 +29,9 @@ from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
 from rlany.engines.hf_logprobs import SampledLogprobs
 from rlany.errors import RlanyError
 from rlany.probe import Verifier, forward_logprobs
-from rlany.shared_prefix import shareable, shared_logits
+from rlany.shared_prefix import common_prefix, shareable, shared_logits
+
+MIN_SHARED = 16  # a chunk's prompts sharing fewer first tokens are prefilled as one batch
 
 
 class HfEngine:
@@ -64,6 +68,7 @@ class HfEngine:
         self._pad = self.tokenizer.pad_token_id
         if self._pad is None:
             self._pad = self.tokenizer.eos_token_id
+        self.share_prompts = True  # a chunk's common prompt prefix prefilled once
 
     def _use_adapter(self, adapter: str | None):
         """Return a context in which the network runs with `adapter` (or the base model)."""
@@ -121,7 +126,10 @@ class HfEngine:
         seqs = self._choice_seqs([requests[i].sampling.choices for i in idx], s.max_tokens)
         if seqs is not None:
             return self._choose_chunk(requests, idx, prompts, seqs, results)
-        ids, mask = self._left_padded(prompts)
+        common = common_prefix(prompts, min(len(p) for p in prompts) - 1) \
+            if self.share_prompts and len(prompts) > 1 else 0
+        share = common >= MIN_SHARED
+        ids, mask = self._mid_padded(prompts, common) if share else self._left_padded(prompts)
         width = ids.shape[1]
         torch.manual_seed(s.seed if s.seed is not None else self.seed + self.stats.calls)
         kwargs = dict(max_new_tokens=s.max_tokens, pad_token_id=self._pad,
@@ -136,16 +144,10 @@ class HfEngine:
             kwargs["prefix_allowed_tokens_fn"] = self._choice_fn(
                 [requests[i].sampling.choices for i in idx for _ in range(n)], width)
         with self._use_adapter(requests[idx[0]].adapter), torch.no_grad():
-            if n > 1 and width > 1:
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
-                # only the cache is used: the LM head over every prompt position (49k-wide
-                # for SmolLM2) would cost as much as the body, so it runs on one position
-                keep = {"logits_to_keep": 1} if self._keep else {}
-                prefix = self.net(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
-                                  position_ids=positions[:, :-1], use_cache=True,
-                                  **keep).past_key_values
-                prefix.batch_repeat_interleave(n)
-                kwargs["past_key_values"] = prefix
+            if share:  # the chunk's common prefix once, then each prompt's rest
+                kwargs["past_key_values"] = self._prefill(ids, mask, common, n)
+            elif n > 1 and width > 1:
+                kwargs["past_key_values"] = self._prefill(ids, mask, 0, n)
             kept = SampledLogprobs(_transformers_model(self.net))
             with kept if s.logprobs else contextlib.nullcontext():
                 out = self.net.generate(input_ids=ids.repeat_interleave(n, 0),
@@ -164,6 +166,38 @@ class HfEngine:
             results[i].completions.append(Completion(text=text, token_ids=tokens,
                                                      finish_reason=finish, logprobs=logprobs,
                                                      stop_reason=reason))
+
+    def _prefill(self, ids, mask, common: int, n: int):
+        """The KV cache of every prompt but its last token, each row repeated n times: the
+        first `common` tokens (the same in every row) run once, the rest as a batch."""
+        # only the cache is used: the LM head over every prompt position (49k-wide for
+        # SmolLM2) would cost as much as the body, so it runs on one position
+        keep = {"logits_to_keep": 1} if self._keep else {}
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = None
+        if common:
+            cache = self.net(input_ids=ids[:1, :common], use_cache=True,
+                             **keep).past_key_values
+            cache.batch_repeat_interleave(ids.shape[0])
+        if ids.shape[1] - 1 > common:
+            cache = self.net(input_ids=ids[:, common:-1], attention_mask=mask[:, :-1],
+                             position_ids=positions[:, common:-1], past_key_values=cache,
+                             use_cache=True, **keep).past_key_values
+        cache.batch_repeat_interleave(n)
+        return cache
+
+    def _mid_padded(self, prompts: list[list[int]], common: int):
+        """(ids, attention mask): the prompts' common first `common` tokens, then each
+        prompt's rest left-padded to the longest rest (padding in the middle: the mask and
+        the positions, counted over unmasked tokens, skip it)."""
+        ids, mask = self._left_padded([p[common:] for p in prompts])
+        head = ids.new_tensor(prompts[0][:common]).expand(len(prompts), common)
+        return (self._cat(head, ids), self._cat(mask.new_ones(len(prompts), common), mask))
+
+    @staticmethod
+    def _cat(a, b):
+        import torch
+        return torch.cat([a, b], 1)
 
     def _left_padded(self, prompts: list[list[int]]):
         """(ids, attention mask) of the prompts, left-padded to the longest."""
