@@ -86,6 +86,14 @@ def _hf_generate(r: dict) -> str:
             f"median per call); the old full-logits read-out {r['logits_over_plain_seconds']}")
 
 
+def _prompt_prefix(r: dict) -> str:
+    return "; ".join(
+        f"{name}: {v['speedup']}x ({v['median_seconds']['plain']} vs "
+        f"{v['median_seconds']['shared']} s; {v['common_prefix_tokens_mean']} of "
+        f"{v['prompt_tokens_mean']} prompt tokens shared by {v['prompts_per_call']} prompts "
+        f"x n {v['n']})" for name, v in r["shapes"].items())
+
+
 def _demo(r: dict) -> str:
     b, f, lo_hi = r["base"], r["final"], r["gain_ci95"] or [None, None]
     return (f"{r['minutes']} min; held-out {b['successes']}/{b['episodes']} -> "
@@ -95,6 +103,7 @@ def _demo(r: dict) -> str:
 
 
 FORMAT = {"demo": _demo, "shared_prefix": _shared_prefix, "hf_generate": _hf_generate,
+          "prompt_prefix": _prompt_prefix,
           "score": _score,
           "training": _training,
           "trl": _trl, "memory": _memory,
