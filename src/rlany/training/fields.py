@@ -79,8 +79,9 @@ class TrainFields:
                            "compute with --share-prefix; the step order is still random).",
                            choices=("shuffled", "grouped"))
     share_prefix: bool = opt(True, "Run each prefix that samples of a micro-batch share once "
-                             "(the same loss and gradients, less compute; sdpa or eager "
-                             "attention, else off).", diagnostic=True)
+                             "(the same loss and gradients, less compute; on a CPU with "
+                             "sdpa or eager attention, else off: slower on a GPU).",
+                             diagnostic=True)
 
     def check(self, name) -> None:
         if not self.target_modules.strip(" ,"):
