@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--digits", type=int, default=2)
     args = parser.parse_args(argv if argv is not None else
                              (sys.argv[1:] if __name__ == "__main__" else []))
+    if args.samples < 2:  # a group of one has no advantage; TRL refuses it too
+        parser.error("--samples must be at least 2")
     from rlany.models import resolve_model
 
     model = resolve_model("smollm2")
@@ -259,7 +261,8 @@ def main(argv: list[str] | None = None) -> dict:
               "shape": {**shape, "digits": args.digits},
               "work": f"{args.prompts} prompts x {args.samples} samples x <={args.max_tokens} "
                       f"tokens ({args.digits}-digit sums), LoRA r16 all-linear, fp32, HF "
-                      "generation both sides; samples = sequences trained per step",
+                      "generation both sides (rlany's hf engine in calls of 32 sequences); "
+                      "samples = sequences trained per step",
               "note": "run alone on the machine; sides alternate"}
     setting, result["isa_switches"] = cpu_setting("float32")
     save(f"trl-{setting}", result)

@@ -256,6 +256,13 @@ def test_sibling_runs_share_an_identical_warm_start_and_its_evaluation(tmp_path,
     c = run("c", seed=1)   # another seed: its own warm start and evaluation
     assert "reused_from" not in json.loads((c / "warm_start/sft/rlany.json").read_text())
     assert "reused_from" not in json.loads((c / "eval_init.meta.json").read_text())
+    # a sibling whose weights are gone is not copied: this run makes its own
+    (tmp_path / "runs" / "e").mkdir()
+    for f in (c / "warm_start/sft").glob("*.safetensors"):
+        f.rename(f.with_suffix(".moved"))
+    run("e", seed=1)  # c is its only match, and c has no weights
+    assert "reused_from" not in json.loads(
+        (tmp_path / "runs/e/warm_start/sft/rlany.json").read_text())
     # the warm start shared but its weights changed since: the evaluation is not shared
     d = tmp_path / "runs" / "d"
     (d / "warm_start").mkdir(parents=True)

@@ -25,7 +25,7 @@ from rlany.console import info
 from rlany.errors import RlanyError, UsageError
 from rlany.jsonl import JsonlReader
 
-GEN_VERSIONS = ("vllm", "torch", "transformers")
+GEN_VERSIONS = ("vllm", "torch", "transformers", "peft")  # peft applies the adapters
 
 
 def prepare_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]

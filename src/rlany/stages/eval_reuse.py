@@ -112,6 +112,17 @@ def find_base_eval(opts: Any) -> tuple[Path, dict, str] | None:
     return None
 
 
+def _replaced(obj: Any, moved: dict) -> Any:
+    """`obj` (JSON) with every string that is a key of `moved` replaced by its value."""
+    if isinstance(obj, str):
+        return moved.get(obj, obj)
+    if isinstance(obj, dict):
+        return {k: _replaced(v, moved) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_replaced(v, moved) for v in obj]
+    return obj
+
+
 def reuse_base_eval(opts: Any) -> Path | None:
     """Copy a sibling's identical base evaluation to `opts.output` (summary first, the
     sidecar last: the stage is complete only with both). Returns the source, or None."""
@@ -122,11 +133,12 @@ def reuse_base_eval(opts: Any) -> Path | None:
     if found is None:
         return None
     src, meta, text = found
-    if src.name == INIT:  # its summary and sidecar name the sibling's adapters: this run's
-        from rlany.stages.warm_reuse import rewrite
-        old, new = str(src.parent), str(Path(opts.output).parent)
-        text = json.dumps(rewrite(json.loads(text), old, new), indent=2) + "\n"
-        meta["flags"] = rewrite(meta["flags"], old, new)
+    # its summary and sidecar name the sibling's adapter paths (the same weights): this run's
+    moved = {meta["flags"][k]: getattr(opts, k) for k in _ADAPTERS
+             if meta["flags"].get(k) not in (None, getattr(opts, k))}
+    if moved:
+        text = json.dumps(_replaced(json.loads(text), moved), indent=2) + "\n"
+        meta["flags"].update({k: getattr(opts, k) for k in _ADAPTERS})
     meta["flags"]["output"] = str(opts.output)
     meta["reused_from"] = str(src)
     write_text_atomic(opts.output, text)

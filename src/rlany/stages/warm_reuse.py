@@ -7,8 +7,9 @@ the same bytes in every arm (a household mid.toml run spends ~6 minutes on the s
 on its evaluation on a 2-core CPU). So before a run makes its own, it looks at the run
 directories beside it: a complete `warm_start/` whose demos came from identical rollout
 flags, pool (sha256) and package versions (rlany's own code included), and whose sft
-checkpoint records identical options (dtype as resolved here), base model and demos
-(sha256), is copied in whole (a temp directory renamed into place; the copied sidecars
+checkpoint records identical options (dtype as resolved here), base model, demos (sha256),
+training package versions and device (cpu or cuda), with its weights there, is copied in
+whole (a temp directory renamed into place; the copied sidecars
 and `rlany.json` name this run's paths and say `reused_from`). `eval_init.json` is then
 shared by `rlany.stages.eval_reuse` (the adapters compared by their weights' sha256).
 A run whose warm start has begun finishes its own; anything that differs makes its own.
@@ -47,16 +48,22 @@ def _normal_flags(flags: dict) -> dict:  # as compared: paths rewritten, dtype r
 
 
 def _expected(rollout: Any, sft: Any) -> dict | None:
+    import torch
+
     from rlany.models import resolve_model
     from rlany.outputs import package_versions
     from rlany.provenance import sha256_file
     from rlany.stageio import GEN_VERSIONS
+    from rlany.training.model import TRAIN_VERSIONS
 
     try:
         return {"rollout": _normal_flags(dataclasses.asdict(rollout)),
                 "sft": _normal_flags(dataclasses.asdict(sft)),
                 "pool": [sha256_file(rollout.input)], "base": resolve_model(sft.model),
-                "versions": package_versions(*GEN_VERSIONS)}
+                "versions": package_versions(*GEN_VERSIONS),
+                "train_versions": package_versions(*TRAIN_VERSIONS),
+                # the trainer runs otherwise on a GPU (autocast, no shared prefixes)
+                "device": "cuda" if torch.cuda.is_available() else "cpu"}
     except Exception:  # noqa: BLE001 - the stages themselves report what is wrong
         return None
 
@@ -66,6 +73,7 @@ def _matches(warm: Path, want: dict, old: str, new: str) -> tuple[dict, dict] | 
     rlany.json), both rewritten to this run's paths; None otherwise."""
     from rlany.jsonl import meta_path
     from rlany.provenance import sha256_file
+    from rlany.stages.eval_reuse import weights_digest
 
     meta = rewrite(json.loads(meta_path(warm / DEMOS).read_text()), old, new)
     ckpt = rewrite(json.loads((warm / SFT / "rlany.json").read_text()), old, new)
@@ -74,8 +82,10 @@ def _matches(warm: Path, want: dict, old: str, new: str) -> tuple[dict, dict] | 
           and meta.get("versions") == want["versions"]
           and ckpt.get("kind") == "sft" and ckpt.get("base_model") == want["base"]
           and _normal_flags(ckpt["options"]) == want["sft"]
+          and ckpt.get("versions") == want["train_versions"]  # older checkpoints: none
+          and ckpt.get("device") == want["device"]
           and ckpt.get("data_sha256") == sha256_file(warm / DEMOS))
-    return (meta, ckpt) if ok else None
+    return (meta, ckpt) if ok and weights_digest(str(warm / SFT)) else None
 
 
 def share_warm_start(rollout: Any, sft: Any, warm: Path) -> Path | None:
@@ -103,18 +113,24 @@ def share_warm_start(rollout: Any, sft: Any, warm: Path) -> Path | None:
             continue
         meta, ckpt = found
         tmp = run / f".{warm.name}.share-tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("rlany.json", "*.meta.json"))
-        origin = str(src)
-        write_text_atomic(meta_path(tmp / DEMOS),
-                          json.dumps({**meta, "reused_from": origin}, indent=2) + "\n")
-        write_text_atomic(tmp / SFT / "rlany.json",  # a checkpoint is complete with it
-                          json.dumps({**ckpt, "reused_from": origin}, indent=2) + "\n")
-        if (_matches(src, want, old, new) is None  # changed while it was copied
-                or any(warm.iterdir())):
+        try:
             shutil.rmtree(tmp, ignore_errors=True)
-            return None
-        warm.rmdir()
-        tmp.rename(warm)
-        return src
+            shutil.copytree(src, tmp,
+                            ignore=shutil.ignore_patterns("rlany.json", "*.meta.json"))
+            origin = str(src)
+            write_text_atomic(meta_path(tmp / DEMOS),
+                              json.dumps({**meta, "reused_from": origin}, indent=2) + "\n")
+            write_text_atomic(tmp / SFT / "rlany.json",  # a checkpoint is complete with it
+                              json.dumps({**ckpt, "reused_from": origin}, indent=2) + "\n")
+            if _matches(src, want, old, new) is None:  # changed while it was copied
+                raise OSError("changed")
+            if any(warm.iterdir()):
+                return None
+            warm.rmdir()
+            tmp.rename(warm)
+            return src
+        except (OSError, ValueError, KeyError, TypeError, shutil.Error):
+            continue  # gone or changed while it was read: the next one, or its own
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return None

@@ -87,6 +87,10 @@ def master_fp32(opts: TrainFields) -> bool:
             and not parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"))
 
 
+# the packages a checkpoint's numbers depend on (rlany.json `versions`, with rlany's own)
+TRAIN_VERSIONS = ("torch", "transformers", "peft", "accelerate")
+
+
 def autocast_bf16(opts: TrainFields, device_type: str) -> bool:
     """Whether the trainer's forward runs under bf16 autocast: full fine-tuning with fp32
     master weights (above), and LoRA in bf16 on a GPU. PEFT keeps LoRA's adapters in fp32,

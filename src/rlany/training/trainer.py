@@ -117,9 +117,10 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     from accelerate import Accelerator
 
     from rlany.compat import accepts_logits_to_keep
+    from rlany.outputs import package_versions
     from rlany.shared_prefix import shareable, shared_logprobs
     from rlany.training import state
-    from rlany.training.model import autocast_bf16
+    from rlany.training.model import TRAIN_VERSIONS, autocast_bf16
     from rlany.training.verdict import choice_logprobs
 
     started = time.perf_counter()
@@ -149,7 +150,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     # that is fixed by the first Accelerator of a process, and one process may train
     # several times: the loop's stages, a test run)
     amp = autocast_bf16(opts, acc.device.type)
-    meta["autocast"] = "bfloat16" if amp else None
+    meta.update(autocast="bfloat16" if amp else None, device=acc.device.type,
+                versions=package_versions(*TRAIN_VERSIONS))
 
     def forward(batch: list[Sample]):
         with torch.autocast(acc.device.type, dtype=torch.bfloat16) if amp else nullcontext():
