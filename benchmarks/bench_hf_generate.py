@@ -11,7 +11,9 @@ Three ways, alternated round by round, run alone on the machine:
                (every step's full logits kept until generate returns)
     rlany      `HfEngine.generate` (n = 8 per request, logprobs on): one prefill per
                prompt shared by its 8 samples, the log-probs kept as they are sampled
-               (`rlany.engines.hf_logprobs`)
+               (`rlany.engines.hf_logprobs`), all 64 sequences in one call
+    rlany-b32  the same in calls of 32 sequences (the engine's default batch, which a
+               rollout of 64 sequences uses: two calls)
 
 Reports seconds per call (median and each round), new tokens and tokens/s per way, and
 rlany / plain (target: <= 1). Writes benchmarks/results/hf_generate-SETTING.json (with the
@@ -81,7 +83,15 @@ def main(argv=None) -> int:
                                for m in messages])
         return sum(len(c.token_ids) for r in res for c in r.completions)
 
-    ways = {"plain": lambda: plain(False), "logits": lambda: plain(True), "rlany": rlany}
+    def rlany_b32() -> int:
+        engine.batch_size = 32
+        try:
+            return rlany()
+        finally:
+            engine.batch_size = PROMPTS * SAMPLES
+
+    ways = {"plain": lambda: plain(False), "logits": lambda: plain(True), "rlany": rlany,
+            "rlany-b32": rlany_b32}
     with torch.no_grad():
         plain(False)  # warm-up
         runs: dict[str, list] = {k: [] for k in ways}
@@ -105,7 +115,9 @@ def main(argv=None) -> int:
                       f"{torch.get_num_threads()}",
               "ways": summary,
               "logits_over_plain_seconds": round(summary["logits"]["median_seconds"]
-                                                 / summary["plain"]["median_seconds"], 3)}
+                                                 / summary["plain"]["median_seconds"], 3),
+              "b32_over_plain_seconds": round(summary["rlany-b32"]["median_seconds"]
+                                              / summary["plain"]["median_seconds"], 3)}
     setting, result["isa_switches"] = cpu_setting(args.dtype)
     path = save(f"hf_generate-{setting}", result)
     print(path, {k: v for k, v in result.items() if k != "ways"})

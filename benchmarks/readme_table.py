@@ -83,7 +83,9 @@ def _shared_prefix(r: dict) -> str:
 def _hf_generate(r: dict) -> str:
     w = r["ways"]
     return (f"{r['ratio']} ({w['rlany']['median_seconds']} vs {w['plain']['median_seconds']} s "
-            f"median per call); the old full-logits read-out {r['logits_over_plain_seconds']}")
+            f"median per call); the old full-logits read-out {r['logits_over_plain_seconds']}"
+            + (f"; in calls of 32 {r['b32_over_plain_seconds']}" if "b32_over_plain_seconds"
+               in r else ""))
 
 
 def _prompt_prefix(r: dict) -> str:
