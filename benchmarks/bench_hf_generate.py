@@ -12,8 +12,9 @@ Three ways, alternated round by round, run alone on the machine:
     rlany      `HfEngine.generate` (n = 8 per request, logprobs on): one prefill per
                prompt shared by its 8 samples, the log-probs kept as they are sampled
                (`rlany.engines.hf_logprobs`), all 64 sequences in one call
-    rlany-b32  the same in calls of 32 sequences (the engine's default batch, which a
-               rollout of 64 sequences uses: two calls)
+    rlany-b32  the same in calls of 32 sequences (the engine's default batch until
+               2026-11-26, when a rollout of 64 sequences took two calls; now 64,
+               `--engine-batch`)
 
 Reports seconds per call (median and each round), new tokens and tokens/s per way, and
 rlany / plain (target: <= 1). Writes benchmarks/results/hf_generate-SETTING.json (with the

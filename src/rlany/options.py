@@ -91,6 +91,10 @@ class EngineFields:
     base_url: str | None = opt(None, "openai engine: the server's /v1 URL.", scope="run")
     max_lora_rank: int = opt(16, "vllm: largest LoRA rank to serve (adapters are padded to "
                              "it; keep it tight).", scope="run", min=1)
+    engine_batch: int = opt(64, "hf: sequences per generate call (the n samples of a "
+                            "request stay in one call). Larger is faster on a CPU until memory "
+                            "runs short (64 sequences: one call took 0.91x the time of two "
+                            "of 32, benchmarks/README.md).", scope="run", min=1)
 
 
 def specs(cls: type) -> dict[str, tuple[Any, Any, Spec]]:

@@ -189,7 +189,7 @@ class EngineConfig:
     api_key: str | None = None  # openai
     timeout_s: float = 300.0  # openai
     retries: int = 3  # openai
-    batch_size: int = 32  # hf: sequences per generate call
+    batch_size: int = 64  # hf: sequences per generate call (`--engine-batch`)
 
 
 def resolve_engine(kind: str, profile: dict | None = None) -> tuple[str, str]:
