@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
@@ -41,60 +40,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import machine  # noqa: E402
+from judge_data import (  # noqa: E402
+    HELD_OUT,
+    POOL,
+    balanced_accuracy,
+    encode,
+    episodes,
+    judged_steps,
+)
 
 RESULTS = ROOT / "benchmarks" / "results" / "judge_capacity.json"
 WORK = ROOT / "runs" / "judge-capacity"
-POOL = ROOT / "examples" / "household" / "learn_tasks.jsonl"
-HELD_OUT = ROOT / "examples" / "household" / "learn_eval.jsonl"
-P_EXPERT = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 # -- 1. data ---------------------------------------------------------------------------
-
-def episodes(tasks_path: Path, per_task: int, seed: int) -> list:
-    """Trajectories of a seeded expert/random mix, in the policy's prompts."""
-    from rlany.engines import Completion
-    from rlany.envs import make_env
-    from rlany.stageio import read_tasks
-    from rlany.stages.rollout import (
-        RolloutOptions,
-        _advance,
-        _choices,
-        _start,
-        _trajectory,
-        _window,
-    )
-
-    opts = RolloutOptions(n=per_task, max_steps=4, history_turns=1, constrain_actions=True)
-    rng = random.Random(seed)
-    out = []
-    for task in read_tasks(tasks_path)[0]:
-        for k in range(per_task):
-            p = P_EXPERT[k % len(P_EXPERT)]
-            e = _start(task, k, make_env)
-            while e.finish is None and len(e.steps) < opts.max_steps:
-                actions = _choices(e)
-                expert = e.env.expert_action()
-                text = expert if expert and rng.random() < p else rng.choice(actions)
-                _advance(e, _window(e.messages, 1), Completion(text=text, token_ids=[],
-                                                               finish_reason="stop"), False)
-            if e.finish is None:
-                e.finish = "max_steps"
-            out.append(_trajectory(e, opts, {"p_expert": p}))
-    return out
-
-
-def judged_steps(trajectories: list) -> list[dict]:
-    """{messages, label, outcome, task} per step, the judge prompt as learn.toml builds it."""
-    from rlany.prompts import step_prompts
-
-    rows = []
-    for tr in trajectories:
-        for step, messages in zip(tr.steps, step_prompts(tr, 1, 1)):
-            rows.append({"messages": messages, "label": int(step.info["label"]),
-                         "outcome": tr.outcome, "task": tr.task_id})
-    return rows
-
 
 # -- 2. one forward pass: probes' features and the top-K cache ---------------------------
 
@@ -105,15 +64,6 @@ def load(model_path: str):
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     return model, tok
-
-
-def encode(tok, rows: list[dict]) -> tuple[list[list[int]], object]:
-    from rlany.chat import render
-    from rlany.prompts import VERDICT_CHOICES, parse_verdict
-    from rlany.training.verdict import branch
-
-    at = branch(tok, VERDICT_CHOICES, tuple(parse_verdict(c) for c in VERDICT_CHOICES))
-    return [render(tok, r["messages"]) + at.prefix for r in rows], at
 
 
 def features(model, prompts: list[list[int]], k: int, say) -> tuple[list, list]:
@@ -179,25 +129,6 @@ def top_logq(top, cache: list, idx: list[int], tokens: list[int]):
 
 
 # -- 3. training and evaluation ------------------------------------------------------------
-
-def balanced_accuracy(labels: list[int], p_pos: list[float], temperature: float | None
-                      ) -> float:
-    """Mean over the two classes of the verdict's accuracy: greedy (None) or the exact
-    expectation of a verdict sampled at `temperature` from q."""
-    def correct(label: int, p: float) -> float:
-        if temperature is None:
-            return float((p > 0.5) == (label > 0))
-        z = math.log(max(p, 1e-12)) / temperature, math.log(max(1 - p, 1e-12)) / temperature
-        m = max(z)
-        pt = math.exp(z[0] - m) / (math.exp(z[0] - m) + math.exp(z[1] - m))
-        return pt if label > 0 else 1 - pt
-    per = []
-    for cls in (1, -1):
-        members = [correct(lab, p) for lab, p in zip(labels, p_pos) if lab == cls]
-        if members:
-            per.append(sum(members) / len(members))
-    return sum(per) / len(per)
-
 
 def finetune(model, cache, train_idx, targets, test_idx, test_labels, at, *, k: int,
              lr: float, epochs: int, objective: str, seed: int, say) -> dict:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from judge_capacity import HELD_OUT, balanced_accuracy, encode, episodes, judged_steps  # noqa: E402
+from judge_data import HELD_OUT, balanced_accuracy, encode, episodes, judged_steps  # noqa: E402
 
 
 def p_positive(model, prompts, at, pad: int) -> list[float]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import save  # noqa: E402
-from judge_capacity import HELD_OUT, balanced_accuracy, episodes, judged_steps  # noqa: E402
+from judge_data import HELD_OUT, balanced_accuracy, episodes, judged_steps  # noqa: E402
 from judge_heldout import p_positive  # noqa: E402
 
 

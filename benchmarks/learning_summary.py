@@ -198,14 +198,26 @@ def arm_summary(runs: list[dict]) -> dict:
 STAGE_ORDER = ("rollout", "judge", "score", "train_policy", "train_rm", "adapt_tasks")
 
 
+def baseline(arm: str, warm: bool, names) -> str | None:
+    """The policy-only arm an arm is compared with: `policy-only [warm]` for a warm-started
+    arm where that row exists (the same start), else `policy-only` (so policy-only [warm]
+    against policy-only); None: none to compare."""
+    for base in (("policy-only [warm]",) if warm else ()) + ("policy-only",):
+        if base in names and base != arm:
+            return base
+    return None
+
+
 def cost_ratios(arms: dict) -> dict | None:
-    """Each arm's seconds per iteration over policy-only's (the judge's issue asks <= 1.5
-    for the judged loop); None without a policy-only arm."""
-    only = arms.get("policy-only", {}).get("iteration_seconds")
-    if not only:
-        return None
-    return {arm: round(a["iteration_seconds"] / only, 3) for arm, a in arms.items()
-            if a.get("iteration_seconds")}
+    """Each arm's seconds per iteration over its policy-only baseline's (the judge's issue
+    asks <= 1.5 for the judged loop); None without a policy-only arm."""
+    out = {}
+    for arm, a in arms.items():
+        base = baseline(arm, bool(a.get("warm_start")), arms)
+        only = arms[base].get("iteration_seconds") if base else None
+        if only and a.get("iteration_seconds"):
+            out[arm] = round(a["iteration_seconds"] / only, 3)
+    return out or None
 
 
 def headline(by_arm: dict[str, list[dict]]) -> dict:
@@ -226,18 +238,18 @@ def headline(by_arm: dict[str, list[dict]]) -> dict:
                              "per_seed": gains, "seeds": len(gains),
                              "base": [r["judge_heldout"]["judges"]["base"]["bal_acc"]
                                       for r in by_arm["+rm"] if r.get("judge_heldout")]}
-    only = by_arm.get("policy-only")
-    if not only:
-        return out
-    k0, n0 = (sum(r["final"][k] for r in only) for k in ("successes", "episodes"))
-    # every arm's final held-out success against policy-only's (the +step [label] upper
-    # bound's included), pooled over seeds, Newcombe
+    # every arm's final held-out success against its policy-only baseline's (`baseline`:
+    # warm-started arms against policy-only [warm]; the +step [label] upper bound's
+    # included), pooled over seeds, Newcombe
     out["final_minus_policy_only"] = diffs = {}
     for arm, runs in by_arm.items():
-        if arm == "policy-only" or not runs:
+        base = baseline(arm, bool(runs) and all(r.get("init") for r in runs), by_arm)
+        only = by_arm.get(base) if base else None
+        if not runs or not only:
             continue
+        k0, n0 = (sum(r["final"][k] for r in only) for k in ("successes", "episodes"))
         k1, n1 = (sum(r["final"][k] for r in runs) for k in ("successes", "episodes"))
-        diffs[arm] = {"value": round(k1 / n1 - k0 / n0, 4),
+        diffs[arm] = {"value": round(k1 / n1 - k0 / n0, 4), "against": base,
                       "ci95": gain_interval(k1, n1, k0, n0), "seeds": [len(runs), len(only)]}
     out["full_minus_policy_only"] = diffs.get("full")
     return out
@@ -248,8 +260,9 @@ def versus(head: dict, costs: dict | None) -> str:
     pooled, Newcombe 95%; seconds per iteration without evaluation)."""
     diffs = head.get("final_minus_policy_only") or {}
     lines = [f"- {arm}: final {d['value']:+.3f} ({d['ci95'][0]:+.3f} to {d['ci95'][1]:+.3f}) "
-             f"against policy-only" + (f", {costs[arm]:.2f}x its seconds per iteration"
-                                       if costs and arm in costs else "")
+             f"against {d.get('against', 'policy-only')}"
+             + (f", {costs[arm]:.2f}x its seconds per iteration" if costs and arm in costs
+                else "")
              for arm, d in diffs.items()]
     return ("\n" + "\n".join(lines) + "\n") if lines else ""
 

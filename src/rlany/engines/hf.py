@@ -190,14 +190,12 @@ class HfEngine:
         """(ids, attention mask): the prompts' common first `common` tokens, then each
         prompt's rest left-padded to the longest rest (padding in the middle: the mask and
         the positions, counted over unmasked tokens, skip it)."""
+        import torch
+
         ids, mask = self._left_padded([p[common:] for p in prompts])
         head = ids.new_tensor(prompts[0][:common]).expand(len(prompts), common)
-        return (self._cat(head, ids), self._cat(mask.new_ones(len(prompts), common), mask))
-
-    @staticmethod
-    def _cat(a, b):
-        import torch
-        return torch.cat([a, b], 1)
+        return (torch.cat([head, ids], 1),
+                torch.cat([mask.new_ones(len(prompts), common), mask], 1))
 
     def _left_padded(self, prompts: list[list[int]]):
         """(ids, attention mask) of the prompts, left-padded to the longest."""

@@ -112,14 +112,14 @@ def find_base_eval(opts: Any) -> tuple[Path, dict, str] | None:
     return None
 
 
-def _replaced(obj: Any, moved: dict) -> Any:
-    """`obj` (JSON) with every string that is a key of `moved` replaced by its value."""
+def map_strings(obj: Any, fn) -> Any:
+    """`obj` (JSON) with every string `s` in it replaced by `fn(s)`."""
     if isinstance(obj, str):
-        return moved.get(obj, obj)
+        return fn(obj)
     if isinstance(obj, dict):
-        return {k: _replaced(v, moved) for k, v in obj.items()}
+        return {k: map_strings(v, fn) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_replaced(v, moved) for v in obj]
+        return [map_strings(v, fn) for v in obj]
     return obj
 
 
@@ -137,7 +137,8 @@ def reuse_base_eval(opts: Any) -> Path | None:
     moved = {meta["flags"][k]: getattr(opts, k) for k in _ADAPTERS
              if meta["flags"].get(k) not in (None, getattr(opts, k))}
     if moved:
-        text = json.dumps(_replaced(json.loads(text), moved), indent=2) + "\n"
+        summary = map_strings(json.loads(text), lambda v: moved.get(v, v))
+        text = json.dumps(summary, indent=2) + "\n"
         meta["flags"].update({k: getattr(opts, k) for k in _ADAPTERS})
     meta["flags"]["output"] = str(opts.output)
     meta["reused_from"] = str(src)

@@ -28,13 +28,10 @@ DEMOS, SFT = "demos.jsonl", "sft"
 
 def rewrite(obj: Any, old: str, new: str) -> Any:
     """`obj` (JSON) with every string that is path `old` or under it moved under `new`."""
-    if isinstance(obj, str):
-        return new + obj[len(old):] if obj == old or obj.startswith(old + "/") else obj
-    if isinstance(obj, dict):
-        return {k: rewrite(v, old, new) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [rewrite(v, old, new) for v in obj]
-    return obj
+    from rlany.stages.eval_reuse import map_strings
+
+    return map_strings(obj, lambda s: new + s[len(old):] if s == old or s.startswith(old + "/")
+                       else s)
 
 
 def _normal_flags(flags: dict) -> dict:  # as compared: paths rewritten, dtype resolved

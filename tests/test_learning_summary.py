@@ -1,0 +1,42 @@
+"""The learning benchmark's comparisons: each arm against the policy-only run that started
+where it did (benchmarks/learning_summary.py), so a warm-started arm is never credited
+with its warm start."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from learning_summary import baseline, cost_ratios, headline  # noqa: E402
+
+
+def _run(final: int, warm: bool) -> dict:
+    out = {"final": {"successes": final, "episodes": 128, "success": final / 128}}
+    if warm:
+        out["init"] = {"successes": 60, "episodes": 128, "success": 60 / 128}
+    return out
+
+
+def test_each_arm_is_compared_with_the_policy_only_run_that_started_where_it_did():
+    by_arm = {"policy-only": [_run(40, False)], "policy-only [warm]": [_run(50, True)],
+              "+step [warm-label]": [_run(56, True)], "full": [_run(30, False)]}
+    diffs = headline(by_arm)["final_minus_policy_only"]
+    assert diffs["+step [warm-label]"]["against"] == "policy-only [warm]"
+    assert abs(diffs["+step [warm-label]"]["value"] - 6 / 128) < 1e-4
+    assert diffs["full"]["against"] == "policy-only"
+    assert abs(diffs["full"]["value"] + 10 / 128) < 1e-4
+    assert diffs["policy-only [warm]"]["against"] == "policy-only"  # warm start + RL vs RL
+    assert "policy-only" not in diffs
+    # without a warm policy-only row a warm arm falls back to policy-only; alone: nothing
+    assert baseline("+step [warm-label]", True, {"policy-only"}) == "policy-only"
+    assert baseline("policy-only", False, {"policy-only"}) is None
+
+
+def test_cost_ratios_use_the_same_baseline():
+    arms = {"policy-only": {"iteration_seconds": 200.0},
+            "policy-only [warm]": {"iteration_seconds": 100.0, "warm_start": {"success": 0.5}},
+            "+step [warm-label]": {"iteration_seconds": 150.0, "warm_start": {"success": 0.5}},
+            "+rm": {"iteration_seconds": 300.0}}
+    costs = cost_ratios(arms)
+    assert costs["+step [warm-label]"] == 1.5 and costs["+rm"] == 1.5
+    assert costs["policy-only [warm]"] == 0.5 and "policy-only" not in costs
