@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
               "shape": {**shape, "digits": args.digits},
               "work": f"{args.prompts} prompts x {args.samples} samples x <={args.max_tokens} "
                       f"tokens ({args.digits}-digit sums), LoRA r16 all-linear, fp32, HF "
-                      "generation both sides (rlany's hf engine in calls of 32 sequences); "
+                      "generation both sides (rlany's hf engine in calls of up to 64 sequences); "
                       "samples = sequences trained per step",
               "note": "run alone on the machine; sides alternate"}
     setting, result["isa_switches"] = cpu_setting("float32")
