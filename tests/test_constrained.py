@@ -75,3 +75,28 @@ def test_hf_choices_from_prefix_trees_equal_the_padded_passes(tiny_model, monkey
         assert [c.text for c in tree.completions] == [c.text for c in padded.completions]
         for a, b in zip(tree.completions, padded.completions, strict=True):
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_hf_constrained_chunks_hold_batch_size_prompts_whatever_n(tiny_model, monkeypatch):
+    """A constrained chunk costs one pass over its prompts however many samples each asks
+    for, so `--engine-batch` counts its prompts (the judge's m verdicts, a task's n first
+    actions); free-text chunks still count sequences (n rows a prompt)."""
+    from rlany.engines.hf import HfEngine
+
+    eng = HfEngine(EngineConfig(kind="hf", model=tiny_model, dtype="float32", batch_size=8))
+    chunks = []
+    for name in ("_choose_chunk", "_generate_chunk"):
+        real = getattr(eng, name)
+        monkeypatch.setattr(eng, name, lambda *a, real=real, name=name:
+                            chunks.append((name, len(a[1]))) or real(*a))
+    choose = [Request([{"role": "user", "content": f"step {k}"}],
+                      Sampling(n=4, max_tokens=12, temperature=1.0, choices=("good", "bad")))
+              for k in range(8)]
+    results = eng.generate(choose)
+    assert all(len(r.completions) == 4 and r.completions[0].text in ("good", "bad")
+               for r in results)
+    assert [c for c in chunks if c[0] == "_generate_chunk"] == [("_generate_chunk", 8)]
+    chunks.clear()
+    eng.generate([Request([{"role": "user", "content": f"free {k}"}],
+                          Sampling(n=4, max_tokens=2)) for k in range(4)])
+    assert chunks == [("_generate_chunk", 2), ("_generate_chunk", 2)]  # 8 rows a call

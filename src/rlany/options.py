@@ -92,9 +92,10 @@ class EngineFields:
     max_lora_rank: int = opt(16, "vllm: largest LoRA rank to serve (adapters are padded to "
                              "it; keep it tight).", scope="run", min=1)
     engine_batch: int = opt(64, "hf: sequences per generate call (the n samples of a "
-                            "request stay in one call). Larger is faster on a CPU until memory "
-                            "runs short (64 sequences: one call took 0.91x the time of two "
-                            "of 32, benchmarks/README.md).", scope="run", min=1)
+                            "request stay in one call; constrained requests: prompts per "
+                            "pass). Larger is faster on a CPU until memory runs short (64 "
+                            "sequences: one call took 0.91x the time of two of 32, "
+                            "benchmarks/README.md).", scope="run", min=1)
 
 
 def specs(cls: type) -> dict[str, tuple[Any, Any, Spec]]:

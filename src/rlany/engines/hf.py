@@ -1,7 +1,8 @@
 """transformers `generate`: the slow fallback, and the reference for log-probs.
 
 Requests are grouped by (adapter, sampling settings) and generated in left-padded batches
-of up to `batch_size` sequences; the `n` samples of a request are `n` rows of one batch
+of up to `batch_size` sequences (constrained ones: `batch_size` prompts whatever their `n`,
+as they take no decode loop; below); the `n` samples of a request are `n` rows of one batch
 that share one prefill of the prompt (its KV cache is repeated n times), and the prompts of
 a batch that begin with the same tokens (the instructions; a task's episodes) prefill those
 once as one row, then each prompt's rest (padded in the middle; `MIN_SHARED` tokens or more).
@@ -103,7 +104,13 @@ class HfEngine:
         order = sorted(range(len(requests)), key=lambda i: _group_key(requests[i]))
         for _, idx in groupby(order, key=lambda i: _group_key(requests[i])):
             idx = list(idx)
-            per = max(1, self.batch_size // requests[idx[0]].sampling.n)
+            s = requests[idx[0]].sampling
+            # a constrained chunk is one pass over its prompts whatever n (its n picks are
+            # drawn from the same probabilities), so it holds batch_size prompts: the judge's
+            # verdicts (m = 4) took 57.8 s in chunks of 64 prompts, 78.7 s in chunks of 16
+            chosen = self._choice_seqs([requests[i].sampling.choices for i in idx],
+                                       s.max_tokens) is not None
+            per = self.batch_size if chosen else max(1, self.batch_size // s.n)
             for b in range(0, len(idx), per):
                 self._generate_chunk(requests, idx[b:b + per], results)
         done = [r for r in results if r is not None]
