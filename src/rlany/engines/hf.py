@@ -108,16 +108,17 @@ class HfEngine:
             # a constrained chunk is one pass over its prompts whatever n (its n picks are
             # drawn from the same probabilities), so it holds batch_size prompts: the judge's
             # verdicts (m = 4) took 57.8 s in chunks of 64 prompts, 78.7 s in chunks of 16
-            chosen = self._choice_seqs([requests[i].sampling.choices for i in idx],
-                                       s.max_tokens) is not None
-            per = self.batch_size if chosen else max(1, self.batch_size // s.n)
+            seqs = self._choice_seqs([requests[i].sampling.choices for i in idx], s.max_tokens)
+            per = self.batch_size if seqs is not None else max(1, self.batch_size // s.n)
             for b in range(0, len(idx), per):
-                self._generate_chunk(requests, idx[b:b + per], results)
+                self._generate_chunk(requests, idx[b:b + per], results,
+                                     None if seqs is None else seqs[b:b + per])
         done = [r for r in results if r is not None]
         self.stats.add(requests, done, time.perf_counter() - start)
         return done
 
-    def _generate_chunk(self, requests, idx: list[int], results) -> None:
+    def _generate_chunk(self, requests, idx: list[int], results,
+                        seqs: list[list[list[int]]] | None = None) -> None:
         """Requests with the same sampling settings (so the same n), generated together.
 
         With n > 1 each prompt is prefilled once and its KV cache repeated for the n samples
@@ -130,7 +131,9 @@ class HfEngine:
         n = s.n
         prompts = [render(self.tokenizer, requests[i].messages) + list(requests[i].continuation)
                    for i in idx]
-        seqs = self._choice_seqs([requests[i].sampling.choices for i in idx], s.max_tokens)
+        if seqs is None:  # the group's choices did not all fit: maybe this chunk's do
+            seqs = self._choice_seqs([requests[i].sampling.choices for i in idx],
+                                     s.max_tokens)
         if seqs is not None:
             return self._choose_chunk(requests, idx, prompts, seqs, results)
         common = common_prefix(prompts, min(len(p) for p in prompts) - 1) \
