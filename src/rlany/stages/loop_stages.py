@@ -46,6 +46,15 @@ def _ckpt(opts: Any) -> Path:  # a checkpoint directory is complete with its rla
     return Path(opts.output) / "rlany.json"
 
 
+def _kl_init(lp: Loop, table: str) -> dict:
+    """`kl_ref = "init"`: the KL's reference is the run's first model of that kind (the
+    warm start's adapter, else the base model), the same one in every iteration."""
+    if lp.cfg.tables.get(table, {}).get("kl_ref") != "init":
+        return {}
+    first = lp.init_policy if table == "train_policy" else lp.init_rm
+    return {"kl_ref": first or "base"}
+
+
 def _pending(loop: Loop, it: int) -> str | None:
     prev = loop.dir / f"iter_{it - 1:03d}" / "candidates.jsonl"
     return str(prev) if it > 0 and prev.exists() else None
@@ -64,10 +73,11 @@ STAGES = (
         judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None)),
     Stage("train_policy", _ckpt, lambda lp, d, it: dict(
         input=f"{d}/scored.jsonl", output=f"{d}/policy", adapter=lp.latest("policy", it),
-        iteration=it), may_skip=True),
+        iteration=it), may_skip=True, forced=lambda lp: _kl_init(lp, "train_policy")),
     Stage("train_rm", _ckpt, lambda lp, d, it: dict(
         input=lp.rm_input(d, it), output=f"{d}/rm", adapter=lp.latest("rm", it),
-        iteration=it), enabled=lambda cfg: cfg.rm_training, may_skip=True),
+        iteration=it), enabled=lambda cfg: cfg.rm_training, may_skip=True,
+        forced=lambda lp: _kl_init(lp, "train_rm")),
     Stage("adapt_tasks", _meta, lambda lp, d, it: dict(
         input=f"{d}/tasks.jsonl", stats=f"{d}/task_stats.jsonl",
         judgments=f"{d}/judgments.jsonl", pending=_pending(lp, it),

@@ -1,5 +1,6 @@
-"""`rlany train-policy`: PPO-clip with a k3 KL to the pre-update policy, on the kept scored
-steps (prompt messages -> the sampled response tokens), each weighted by its step advantage.
+"""`rlany train-policy`: PPO-clip with a k3 KL to a reference policy (the pre-update one
+unless --kl-ref names a fixed one), on the kept scored steps (prompt messages -> the sampled
+response tokens), each weighted by its step advantage.
 Writes a LoRA adapter (or, with --full, a model directory) that `rollout --adapter` uses.
 
 The options every trainer shares, the file driver and the update itself are the shared
@@ -18,7 +19,7 @@ from rlany.training.fields import PpoFields
 
 @dataclass(frozen=True, kw_only=True)
 class TrainOptions(PpoFields):
-    """train-policy: PPO-clip with a k3 KL to the pre-update policy."""
+    """train-policy: PPO-clip with a k3 KL to a reference (--kl-ref)."""
 
 
 def run(opts: TrainOptions, engine=None, say: Callable[[str], None] = info) -> dict:

@@ -53,6 +53,7 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
         raise RlanyError("output exists and is not a finished checkpoint", where=opts.output)
     if opts.adapter and not opts.full:
         check_adapter(opts.adapter)
+    _check_kl_ref(getattr(opts, "kl_ref", "pre-update"))
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
     opts, plan = plan_for(opts, path)
     high = _check_samples(path, opts, plan)
@@ -72,6 +73,19 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
     say(f"{plan.label}: {summary['steps']} optimizer steps -> {opts.output} "
         f"({time.time() - started:.1f}s)")
     return summary
+
+
+def _check_kl_ref(ref: str) -> None:
+    """--kl-ref: pre-update, base or a LoRA adapter directory (`init` is the loop's, which
+    resolves it to the run's first policy before a trainer runs)."""
+    from rlany.stageio import check_adapter
+    from rlany.training.fields import KL_REFS
+
+    if ref == "init":
+        raise RlanyError("--kl-ref init names a loop run's first policy; outside a loop "
+                         "give pre-update, base or an adapter directory")
+    if ref not in KL_REFS:
+        check_adapter(ref, "--kl-ref")
 
 
 def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:

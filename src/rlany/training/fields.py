@@ -12,6 +12,7 @@ from rlany.options import opt
 
 OLD_LOGPROBS = ("auto", "generation", "recompute")  # where PPO's pre-update log-probs come from
 LR_SCHEDULES = ("constant", "linear", "cosine")
+KL_REFS = ("pre-update", "base")  # or a LoRA adapter directory; the loop also takes "init"
 
 
 def lr_at(lr: float, schedule: str, step: int, steps: int) -> float:
@@ -90,12 +91,26 @@ class TrainFields:
 
 @dataclass(frozen=True, kw_only=True)
 class PpoFields(TrainFields):
-    """PPO-clip with a k3 KL to the pre-update policy (train-policy, train-rm's pg)."""
+    """PPO-clip with a k3 KL to a reference policy (train-policy, train-rm's pg): the
+    pre-update policy by default, or a fixed one (--kl-ref)."""
 
     clip_eps: float = opt(0.2, "PPO clip epsilon.", min=0)
-    kl_beta: float = opt(0.01, "k3 KL weight against the pre-update policy.", min=0)
+    kl_beta: float = opt(0.01, "k3 KL weight against --kl-ref.", min=0)
+    kl_ref: str = opt("pre-update", "The KL's reference policy: pre-update (the policy before "
+                      "this update: the KL bounds one update's step), base (the base model, "
+                      "its adapter off), or a LoRA adapter directory (e.g. a warm start): a "
+                      "fixed anchor that every iteration's update is pulled back to. In a "
+                      "loop config also init: the run's first policy (its warm start, else "
+                      "the base model). LoRA only (not --full); one process or DDP.")
     old_logprobs: str = opt("auto", "PPO's pre-update log-probs: auto (the sampling engine's, "
                             "where every sample has them and they are exact), generation, or "
                             "recompute (an extra forward pass).",
                             choices=OLD_LOGPROBS,
                             diagnostic=True)
+
+    def check(self, name) -> None:
+        super().check(name)
+        if self.full and self.kl_ref != "pre-update":
+            raise RlanyError(f"{name('kl_ref')} {self.kl_ref} needs a LoRA policy (the "
+                             "reference is an adapter switched on the same network); with "
+                             "--full use pre-update")

@@ -128,3 +128,27 @@ def load_model(base: str, adapter: str | None, opts: TrainFields):
         torch.manual_seed(opts.seed)  # LoRA A is random-initialized: make it reproducible
         model = get_peft_model(model, lora_config(opts, model), adapter_name=TRAINED)
     return model, tokenizer
+
+
+REFERENCE = "kl_reference"  # the --kl-ref adapter, loaded beside TRAINED while it is read
+
+
+@contextmanager
+def reference_policy(model, ref: str):
+    """`model` (a PeftModel training TRAINED, perhaps beside adapters an engine serves)
+    acting as the KL's fixed reference for the duration: `base` with every adapter off, or
+    the LoRA adapter directory `ref` loaded beside TRAINED and made active, then removed.
+    TRAINED is active and the only trainable tensors again afterwards."""
+    if ref == "base":
+        with model.disable_adapter():
+            yield
+        return
+    model.load_adapter(ref, adapter_name=REFERENCE, is_trainable=False)
+    model.set_adapter(REFERENCE)
+    try:
+        yield
+    finally:
+        model.set_adapter(TRAINED)
+        model.delete_adapter(REFERENCE)
+        for name, p in model.named_parameters():
+            p.requires_grad_(f".{TRAINED}." in name and "lora_" in name)

@@ -8,7 +8,9 @@ The update (DESIGN §4, `rlany.training.losses`): PPO's pre-update log-probs are
 engine's own with `old_logprobs` "generation" (or "auto" when every sample has them: the
 caller vouches that the sampler was this model at this precision); else ("recompute") a
 no-grad pass, except for the first optimizer step's samples, which take theirs from that
-step's own forward. Then `epochs` passes of PPO-clip + k3 KL to that snapshot. Samples are
+step's own forward. Then `epochs` passes of PPO-clip + k3 KL to that snapshot, or (with
+`kl_ref` base or an adapter) to a fixed reference whose log-probs one no-grad pass reads
+first, its adapter switched on the same network. Samples are
 shuffled (seeded) into optimizer steps of `micro_batch * grad_accum * world` sequences;
 each process takes its slice, sorted by length into micro-batches. A micro-batch's loss is
 its summed per-sequence loss / (step size / world): with the backend's gradient average,
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlany.errors import RlanyError
-from rlany.training.fields import OLD_LOGPROBS, lr_at
+from rlany.training.fields import lr_at
 from rlany.training.samples import Sample
 from rlany.training.verdict import OBJECTIVES as VERDICT_OBJECTIVES
 
@@ -121,6 +123,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     from rlany.shared_prefix import shareable, shared_logprobs
     from rlany.training import state
     from rlany.training.model import TRAIN_VERSIONS, autocast_bf16
+    from rlany.training.reference import old_logprobs_source, old_policy, reference
     from rlany.training.verdict import choice_logprobs
 
     started = time.perf_counter()
@@ -173,20 +176,24 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     plan = state.plan_key(samples, steps)
     start_step = state.saved_step(partial, meta, plan)
     # before the saved weights load: a resumed run's old policy is the initial one
-    old = _old_policy(source, forward, model, samples, steps, acc, opts.micro_batch,
+    old = old_policy(source, forward, model, samples, steps, acc, opts.micro_batch,
                       first_step_later=start_step == 0)
+    ref = reference(getattr(opts, "kl_ref", "pre-update") if objective == "ppo"
+                     and opts.kl_beta > 0 else "pre-update", forward, model, samples, steps,
+                     acc, opts.micro_batch)
     if start_step:
         state.load_state(acc, partial, start_step)
         if acc.is_main_process:
             log({"event": "resume", "step": start_step})
     model.train()
     summary = {"steps": len(steps), "samples": len(samples), "old_logprobs": source,
+               "kl_ref": getattr(opts, "kl_ref", None) if objective == "ppo" else None,
                "samples_from_ids": sum(s.from_ids for s in samples),
                "samples_retokenized": sum(not s.from_ids for s in samples)}
     for step in range(start_step, len(steps)):
         t0 = time.perf_counter()
         numbers = _optimizer_step(acc, model, params, forward, samples,
-                                  steps[step], old, opts, objective)
+                                  steps[step], old, opts, objective, ref)
         _check_finite(numbers, step, output)
         lr = lr_at(opts.lr, opts.lr_schedule, step, len(steps))
         for group in optimizer.param_groups:
@@ -225,19 +232,8 @@ def _check_finite(numbers: dict, step: int, output: Path) -> None:
                          "no checkpoint was written")
 
 
-def _old_policy(source: str | None, forward, model, samples: list[Sample],
-                steps: list[list[int]], acc, micro: int, first_step_later: bool) -> dict:
-    """PPO's pre-update log-probs by sample index: none for a supervised objective
-    (`source` None), the engine's from generation, or recomputed here (eval mode)."""
-    import torch
 
-    if source is None:
-        return {}
-    if source == "generation":
-        return {i: torch.tensor(s.old_logprobs, dtype=torch.float32)
-                for i, s in enumerate(samples)}
-    model.eval()
-    return _pre_update_logprobs(forward, samples, steps, acc, micro, first_step_later)
+
 
 
 def _save(acc, model, tokenizer, output: Path, partial: Path, meta: dict) -> None:
@@ -269,65 +265,36 @@ def response_logprobs(model, batch, device, keep: bool = True):
     return token_logprobs(logits, ids[:, start:]), resp[:, start:], adv
 
 
-def old_logprobs_source(samples: list[Sample], mode: str) -> str:
-    """"generation" or "recompute": where PPO's pre-update log-probs come from."""
-    if mode not in OLD_LOGPROBS:
-        raise RlanyError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}, not {mode!r}")
-    missing = sum(s.old_logprobs is None for s in samples)
-    if mode == "generation" and missing:
-        raise RlanyError(f"--old-logprobs generation, but {missing} of {len(samples)} samples "
-                         "carry no engine log-probs of their sampled tokens",
-                         hint="use --old-logprobs auto or recompute")
-    return "generation" if mode != "recompute" and not missing else "recompute"
 
 
-def _pre_update_logprobs(forward, samples: list[Sample], steps: list[list[int]], acc,
-                         micro: int, first_step_later: bool) -> dict:
-    """Log-probs of the pre-update policy for this process's samples (no grad, eval mode).
-    With `first_step_later`, the first optimizer step's samples are left out: that step's
-    own forward gives theirs. Every process runs the same number of forwards."""
-    import torch
-
-    world = acc.num_processes
-
-    def todo(rank: int) -> list[int]:
-        skip = set(steps[0][rank::world]) if first_step_later and steps else set()
-        mine = {i for s in steps for i in s[rank::world]} - skip
-        return sorted(mine, key=lambda i: samples[i].length)
-
-    mine = todo(acc.process_index)
-    calls = max(math.ceil(len(todo(r)) / micro) for r in range(world))
-    shortest = min(samples, key=lambda s: s.length)
-    old = {}
-    with torch.no_grad():
-        for b in range(calls):
-            idx = mine[b * micro:(b + 1) * micro]
-            logp, resp, _ = forward([samples[i] for i in idx] or [shortest])
-            for row, i in enumerate(idx):
-                old[i] = logp[row][resp[row]].cpu()
-    return old
 
 
-def _ppo_parts(logp, resp, adv, idx: list, old: dict, opts: PpoFields, normalizer: float):
+def _ppo_parts(logp, resp, adv, idx: list, old: dict, opts: PpoFields, normalizer: float,
+               ref: dict):
     """PPO-clip of one micro-batch against the pre-update log-probs (`old`, filled here for
-    a first-step sample: the current weights are the old ones)."""
+    a first-step sample: the current weights are the old ones), the KL against `ref`'s
+    log-probs (a fixed reference's) or, where `ref` is empty, against `old`'s."""
     import torch
 
     from rlany.training.losses import ppo_clip_loss
 
     old_logp = torch.zeros_like(logp)  # (B, T-1)
+    ref_logp = torch.zeros_like(logp) if ref else old_logp
     for row, i in enumerate(idx):
         if i is None:
             continue
         if i not in old:
             old[i] = logp[row][resp[row]].detach().cpu()
         old_logp[row][resp[row]] = old[i].to(logp.device, logp.dtype)
-    return ppo_clip_loss(logp, old_logp, old_logp, adv, resp, clip_eps=opts.clip_eps,
+        if ref:
+            ref_logp[row][resp[row]] = ref[i].to(logp.device, logp.dtype)
+    return ppo_clip_loss(logp, old_logp, ref_logp, adv, resp, clip_eps=opts.clip_eps,
                          kl_beta=opts.kl_beta, normalizer=normalizer)
 
 
 def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: list[int],
-                    old: dict, opts: TrainFields, objective: str = "ppo") -> dict:
+                    old: dict, opts: TrainFields, objective: str = "ppo",
+                    ref: dict | None = None) -> dict:
     """Forward and backward over this process's micro-batches of one optimizer step, then
     the gradient clip. Returns the step's numbers over all processes (the caller steps)."""
     import torch
@@ -361,7 +328,8 @@ def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: l
             if objective == "nll":
                 parts = nll_loss(logp, adv, resp, normalizer=len(group) / world)
             else:
-                parts = _ppo_parts(logp, resp, adv, idx, old, opts, len(group) / world)
+                parts = _ppo_parts(logp, resp, adv, idx, old, opts, len(group) / world,
+                                   ref or {})
             acc.backward(parts.loss)
         sums += torch.tensor([parts.objective, parts.pg, parts.kl, parts.clipped,
                               parts.tokens], dtype=torch.float64)
