@@ -154,8 +154,8 @@ def arm_summary(runs: list[dict]) -> dict:
     nf = sum(r["final"]["episodes"] for r in runs)
 
     gains = [r["final"]["success"] - r["base"]["success"] for r in runs]
-    warm = [r["init"] for r in runs if r.get("init")]
-    if warm and len(warm) == len(runs):  # the warm start alone, and RL's gain over it
+    if warm_started(runs):  # the warm start alone, and RL's gain over it
+        warm = [r["init"] for r in runs]
         kw, nw = sum(w["successes"] for w in warm), sum(w["episodes"] for w in warm)
         warm_start = {"success": kw / nw, "ci95": wilson_interval(kw, nw),
                       "rl_gain": kf / nf - kw / nw, "rl_gain_ci95": gain_interval(kf, nf, kw, nw),
@@ -196,6 +196,12 @@ def arm_summary(runs: list[dict]) -> dict:
 
 
 STAGE_ORDER = ("rollout", "judge", "score", "train_policy", "train_rm", "adapt_tasks")
+
+
+def warm_started(runs: list[dict]) -> bool:
+    """Every run of the arm started from a warm start (its eval_init.json was read): the
+    arm's summary then has `warm_start`, and its baseline is policy-only [warm]."""
+    return bool(runs) and all(r.get("init") for r in runs)
 
 
 def baseline(arm: str, warm: bool, names) -> str | None:
@@ -243,7 +249,7 @@ def headline(by_arm: dict[str, list[dict]]) -> dict:
     # included), pooled over seeds, Newcombe
     out["final_minus_policy_only"] = diffs = {}
     for arm, runs in by_arm.items():
-        base = baseline(arm, bool(runs) and all(r.get("init") for r in runs), by_arm)
+        base = baseline(arm, warm_started(runs), by_arm)
         only = by_arm.get(base) if base else None
         if not runs or not only:
             continue

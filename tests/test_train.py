@@ -270,9 +270,13 @@ def test_cli_train_policy_then_train_rm(tiny_model, tmp_path, cli):
     assert r.returncode == 1 and "already exists" in r.stderr
 
 
-def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tmp_path):
+@pytest.mark.parametrize("kl", [False, True], ids=["pre-update", "kl-ref-adapter"])
+def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tiny_lora, tmp_path,
+                                                              kl):
     """accelerate on 2 CPU processes (gloo DDP) vs 1 process, same global batch: each
     step's gradient norm is the same, so the loss is scaled exactly once across processes.
+    With --kl-ref ADAPTER each process loads the reference beside the trained adapter
+    under DDP and reads its samples' log-probs: the KL of every step is the same too.
     11 samples in steps of 4: the last step's 3 leave rank 1 one short; it runs a padded
     row that carries no loss, so both ranks run the same collectives (no hang). float32:
     under bf16 autocast (dtype auto on a CPU with bf16) the two runs differ by rounding
@@ -282,6 +286,7 @@ def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tmp_pa
     import subprocess
     import sys
 
+    kl = ["--kl-ref", tiny_lora, "--kl-beta", "0.5"] if kl else []
     lines = open("stages/score/out.jsonl").read().splitlines()
     one_step = next(line for line in lines
                     if sum(s["keep"] for s in json.loads(line)["steps"]) == 1)
@@ -294,12 +299,12 @@ def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tmp_pa
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                           "-m", "rlany", "train-policy", "-i", data, "-o", str(tmp_path / "ddp"),
                           "--model", tiny_model, "--micro-batch", "2", "--grad-accum", "1",
-                          "--dtype", "float32"],
+                          "--dtype", "float32", *kl],
                          capture_output=True, text=True, env=env, timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     one = subprocess.run([sys.executable, "-m", "rlany", "train-policy", "-i", data, "-o",
                           str(tmp_path / "one"), "--model", tiny_model, "--micro-batch", "2",
-                          "--grad-accum", "2", "--dtype", "float32"], capture_output=True,
+                          "--grad-accum", "2", "--dtype", "float32", *kl], capture_output=True,
                          text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     a = [json.loads(x) for x in (tmp_path / "ddp.metrics.jsonl").read_text().splitlines()]
@@ -309,6 +314,9 @@ def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tmp_pa
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-4, abs=1e-6)
         assert x["tokens"] == y["tokens"]
+        assert x["kl"] == pytest.approx(y["kl"], rel=1e-4, abs=1e-9)
+    if kl:  # the fresh adapter starts at the base model, away from the reference
+        assert min(x["kl"] for x in a) > 1e-4
 
 
 def test_an_adapter_that_does_not_reach_the_engine_is_caught(tiny_model, tmp_path):
