@@ -59,7 +59,7 @@ def reference(kl_ref: str, forward, model, samples: list[Sample], steps: list[li
 
 
 def pre_update_logprobs(forward, samples: list[Sample], steps: list[list[int]], acc,
-                         micro: int, first_step_later: bool) -> dict:
+                        micro: int, first_step_later: bool) -> dict:
     """Log-probs of the pre-update policy for this process's samples (no grad, eval mode).
     With `first_step_later`, the first optimizer step's samples are left out: that step's
     own forward gives theirs. Every process runs the same number of forwards."""

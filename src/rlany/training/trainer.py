@@ -177,17 +177,19 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     start_step = state.saved_step(partial, meta, plan)
     # before the saved weights load: a resumed run's old policy is the initial one
     old = old_policy(source, forward, model, samples, steps, acc, opts.micro_batch,
-                      first_step_later=start_step == 0)
-    ref = reference(getattr(opts, "kl_ref", "pre-update") if objective == "ppo"
-                     and opts.kl_beta > 0 else "pre-update", forward, model, samples, steps,
-                     acc, opts.micro_batch)
+                     first_step_later=start_step == 0)
+    # the KL's reference where a KL is computed (PPO, kl_beta > 0): pre-update or a fixed one
+    kl_ref = (getattr(opts, "kl_ref", "pre-update")
+              if objective == "ppo" and opts.kl_beta > 0 else None)
+    ref = reference(kl_ref or "pre-update", forward, model, samples, steps, acc,
+                    opts.micro_batch)
     if start_step:
         state.load_state(acc, partial, start_step)
         if acc.is_main_process:
             log({"event": "resume", "step": start_step})
     model.train()
     summary = {"steps": len(steps), "samples": len(samples), "old_logprobs": source,
-               "kl_ref": getattr(opts, "kl_ref", None) if objective == "ppo" else None,
+               "kl_ref": kl_ref,
                "samples_from_ids": sum(s.from_ids for s in samples),
                "samples_retokenized": sum(not s.from_ids for s in samples)}
     for step in range(start_step, len(steps)):
@@ -232,10 +234,6 @@ def _check_finite(numbers: dict, step: int, output: Path) -> None:
                          "no checkpoint was written")
 
 
-
-
-
-
 def _save(acc, model, tokenizer, output: Path, partial: Path, meta: dict) -> None:
     """The checkpoint: every process gathers the weights (FSDP and ZeRO-3 shard them), the
     main process writes them with `meta` and the probe record and drops the partial state."""
@@ -263,10 +261,6 @@ def response_logprobs(model, batch, device, keep: bool = True):
     start = int(resp.any(dim=0).float().argmax())  # the first column with a response target
     logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=ids.shape[1] - start).logits
     return token_logprobs(logits, ids[:, start:]), resp[:, start:], adv
-
-
-
-
 
 
 def _ppo_parts(logp, resp, adv, idx: list, old: dict, opts: PpoFields, normalizer: float,
