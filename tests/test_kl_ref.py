@@ -137,3 +137,18 @@ def test_loop_kl_ref_init_anchors_every_iteration_to_the_warm_start(tmp_path, ti
     for it in ("iter_000", "iter_001"):
         meta = json.loads((loop.dir / it / "policy" / "rlany.json").read_text())
         assert meta["metrics"]["kl_ref"] == warm and meta["options"]["kl_ref"] == warm
+
+
+def test_loop_checks_a_kl_ref_adapter_at_load(tmp_path, tiny_model):
+    from pathlib import Path
+
+    from rlany.errors import RlanyError
+    from rlany.stages.loop import load_config
+    from test_sft import _warm_config
+
+    config = Path(_warm_config(tmp_path, tiny_model))
+    config.write_text(config.read_text().replace("[train_policy]\n",
+                                                 '[train_policy]\nkl_ref = "no/such/dir"\n'))
+    with pytest.raises(RlanyError, match=r"\[train_policy\] kl_ref: not a LoRA adapter"):
+        load_config(str(config))
+    assert not (tmp_path / "runs").exists()   # before anything runs

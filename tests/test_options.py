@@ -73,7 +73,8 @@ def test_flag_field_and_toml_key_are_one_name(tmp_path):
         for key, (_, _, spec) in specs(cls).items():
             assert flag(key) in result, (command, key)
             if spec.scope == "stage":  # a key of the stage's table in a loop config
-                text = f"[{table}]\n{key} = {_toml(_nondefault(*specs(cls)[key]))}\n"
+                value = '"base"' if key == "kl_ref" else _toml(_nondefault(*specs(cls)[key]))
+                text = f"[{table}]\n{key} = {value}\n"  # kl_ref: a path is checked at load
                 if key == "full" and table in ("train_policy", "train_rm"):
                     with pytest.raises(RlanyError, match="full = true"):  # LoRA-only engine
                         _config(tmp_path, text)

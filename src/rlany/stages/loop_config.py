@@ -171,6 +171,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
     if cfg.judge_warm_start:
         _check_judge_warm_start(cfg)
     for table in ("train_policy", "train_rm"):  # before an iteration's work is spent
+        _check_kl_ref(cfg, table)
         if cfg.tables.get(table, {}).get("full"):
             raise RlanyError(f"[{table}] full = true: the loop's engine serves the base model "
                              "with LoRA adapters and cannot load a fully fine-tuned model",
@@ -224,6 +225,17 @@ def _check_init_policy(cfg: LoopConfig) -> None:
         raise RlanyError(f"init_policy {cfg.init_policy!r} is not a LoRA adapter directory "
                          "(no adapter_config.json)", where=cfg.path,
                          hint="e.g. the output of `rlany sft`")
+
+
+def _check_kl_ref(cfg: LoopConfig, table: str) -> None:
+    """A `kl_ref` adapter directory is checked at load, as the trainer would check it
+    (pre-update, base and the loop's init name no directory)."""
+    from rlany.stageio import check_adapter
+    from rlany.training.fields import KL_REFS
+
+    ref = cfg.tables.get(table, {}).get("kl_ref")
+    if isinstance(ref, str) and ref not in (*KL_REFS, "init"):
+        check_adapter(ref, f"[{table}] kl_ref")
 
 
 # the warm start's LoRA is the one train-policy continues: its shape is [train_policy]'s

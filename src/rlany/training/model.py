@@ -29,6 +29,13 @@ def lora_config(opts: TrainFields, model=None):
 TRAINED = "default"  # the adapter being trained: PEFT saves "default" at the top level
 
 
+def train_only_trained(model) -> None:
+    """Only TRAINED's LoRA tensors train (PEFT's set_adapter and load_adapter change which
+    adapters' tensors do; an engine's served adapters and the base never train)."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(f".{TRAINED}." in name and "lora_" in name)
+
+
 @contextmanager
 def borrowed_model(engine, adapter: str | None, opts: TrainFields):
     """The hf engine's own network as the trainer's model: the base weights in memory are
@@ -57,8 +64,7 @@ def borrowed_model(engine, adapter: str | None, opts: TrainFields):
         model = PeftModel.from_pretrained(net, adapter, adapter_name=TRAINED, is_trainable=True)
     else:
         model = get_peft_model(net, lora_config(opts, net), adapter_name=TRAINED)
-    for name, p in model.named_parameters():
-        p.requires_grad_(f".{TRAINED}." in name and "lora_" in name)
+    train_only_trained(model)
     try:
         yield model, engine.tokenizer
     finally:
@@ -150,5 +156,4 @@ def reference_policy(model, ref: str):
     finally:
         model.set_adapter(TRAINED)
         model.delete_adapter(REFERENCE)
-        for name, p in model.named_parameters():
-            p.requires_grad_(f".{TRAINED}." in name and "lora_" in name)
+        train_only_trained(model)
