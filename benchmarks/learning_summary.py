@@ -257,7 +257,9 @@ def headline(by_arm: dict[str, list[dict]]) -> dict:
         k1, n1 = (sum(r["final"][k] for r in runs) for k in ("successes", "episodes"))
         diffs[arm] = {"value": round(k1 / n1 - k0 / n0, 4), "against": base,
                       "ci95": gain_interval(k1, n1, k0, n0), "seeds": [len(runs), len(only)]}
-    out["full_minus_policy_only"] = diffs.get("full")
+    # the full loop's row: untagged, else the warm-started one (`full [warm]`)
+    full = next((a for a in ("full", "full [warm]") if a in diffs), None)
+    out["full_minus_policy_only"] = {**diffs[full], "arm": full} if full else None
     return out
 
 

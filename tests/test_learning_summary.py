@@ -40,3 +40,11 @@ def test_cost_ratios_use_the_same_baseline():
     costs = cost_ratios(arms)
     assert costs["+step [warm-label]"] == 1.5 and costs["+rm"] == 1.5
     assert costs["policy-only [warm]"] == 0.5 and "policy-only" not in costs
+
+
+def test_the_headline_names_the_warm_started_full_loop_when_it_is_the_only_one():
+    by_arm = {"policy-only [warm]": [_run(50, True)], "full [warm]": [_run(58, True)]}
+    head = headline(by_arm)["full_minus_policy_only"]
+    assert head["arm"] == "full [warm]" and head["against"] == "policy-only [warm]"
+    assert abs(head["value"] - 8 / 128) < 1e-4
+    assert headline({"policy-only": [_run(40, False)]})["full_minus_policy_only"] is None
