@@ -195,7 +195,8 @@ def arm_summary(runs: list[dict]) -> dict:
                                       if sec) for k in STAGE_ORDER}}
 
 
-STAGE_ORDER = ("rollout", "judge", "score", "train_policy", "train_rm", "adapt_tasks")
+# the keys rlany.stages.loop_metrics writes under "seconds"
+STAGE_ORDER = ("rollout", "judge", "score", "train_policy", "train_rm", "adapt")
 
 
 def warm_started(runs: list[dict]) -> bool:

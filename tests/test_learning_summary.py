@@ -48,3 +48,18 @@ def test_the_headline_names_the_warm_started_full_loop_when_it_is_the_only_one()
     assert head["arm"] == "full [warm]" and head["against"] == "policy-only [warm]"
     assert abs(head["value"] - 8 / 128) < 1e-4
     assert headline({"policy-only": [_run(40, False)]})["full_minus_policy_only"] is None
+
+
+def test_every_stage_the_loop_times_has_its_mean(tmp_path):
+    import json
+
+    from learning_summary import STAGE_ORDER
+
+    from rlany.stages.loop_metrics import collect_metrics
+    for i, name in enumerate(("trajectories", "judgments", "scored", "next_tasks", "eval")):
+        (tmp_path / f"{name}.meta.json").write_text(json.dumps({"wall_time_s": 10.0 + i}))
+    for i, kind in enumerate(("policy", "rm")):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "rlany.json").write_text(json.dumps({"metrics": {"seconds": 20.0 + i}}))
+    seconds = collect_metrics(tmp_path)["seconds"]
+    assert set(seconds) == set(STAGE_ORDER) | {"eval"}  # each stage's mean finds its key
