@@ -15,8 +15,9 @@ HELD_OUT = ROOT / "examples" / "household" / "learn_eval.jsonl"
 P_EXPERT = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def episodes(tasks_path: Path, per_task: int, seed: int) -> list:
-    """Trajectories of a seeded expert/random mix, in the policy's prompts."""
+def episodes(tasks_path: Path, per_task: int, seed: int, max_steps: int = 4) -> list:
+    """Trajectories of a seeded expert/random mix, in the policy's prompts (`max_steps`:
+    the config's horizon, 4 for learn.toml)."""
     from rlany.engines import Completion
     from rlany.envs import make_env
     from rlany.stageio import read_tasks
@@ -29,7 +30,8 @@ def episodes(tasks_path: Path, per_task: int, seed: int) -> list:
         _window,
     )
 
-    opts = RolloutOptions(n=per_task, max_steps=4, history_turns=1, constrain_actions=True)
+    opts = RolloutOptions(n=per_task, max_steps=max_steps, history_turns=1,
+                          constrain_actions=True)
     rng = random.Random(seed)
     out = []
     for task in read_tasks(tasks_path)[0]:

@@ -16,8 +16,13 @@ is a bootstrap over tasks (steps of one task are correlated), 2,000 resamples. T
 judge's verdicts are computed once per runs directory (`judge_heldout_base.json` there).
 
 Writes RUN/judge_heldout.json, which `learning.py` reads into each run's summary.
+Another config's held-out steps: `--tasks` (its eval tasks) and `--max-steps` (its
+horizon), e.g. mid.toml's (8 turns; its judge prompts are learn.toml's: history 1, obs
+lines 1).
 
     python benchmarks/judge_heldout.py runs/learning-judge/rm-s0 [RUN ...]
+    python benchmarks/judge_heldout.py runs/learning-mid-lr1e4/full-warm-s0 \
+        --tasks examples/household/mid_eval.jsonl --max-steps 8 --per-task 2
 """
 
 from __future__ import annotations
@@ -107,6 +112,10 @@ def main(argv=None) -> int:
     ap.add_argument("--only", metavar="NAME", help="score only this judge of each run "
                     "(e.g. iter_002; ~4 minutes a judge on 2 cores); the others keep "
                     "what an earlier call wrote")
+    ap.add_argument("--tasks", type=Path, default=HELD_OUT, help="held-out tasks (default: "
+                    "learn.toml's, the judge-capacity set)")
+    ap.add_argument("--max-steps", type=int, default=4, help="the config's horizon")
+    ap.add_argument("--per-task", type=int, default=3, help="episodes per task")
     args = ap.parse_args(argv)
     import torch
     from peft import PeftModel
@@ -114,7 +123,8 @@ def main(argv=None) -> int:
 
     from rlany.models import resolve_model
 
-    rows = judged_steps(episodes(HELD_OUT, 3, args.seed + 1))[:args.limit]
+    rows = judged_steps(episodes(args.tasks, args.per_task, args.seed + 1,
+                                 args.max_steps))[:args.limit]
     labels = [r["label"] for r in rows]
     base_path = resolve_model("smollm2")
     tok = AutoTokenizer.from_pretrained(base_path)
@@ -156,7 +166,9 @@ def main(argv=None) -> int:
                 "gain_ci95": bootstrap_gain(rows, labels, base, p)}
             final = key
         result = {"what": "balanced accuracy of the judge's greedy verdict against the env's "
-                          "step labels on the judge-capacity held-out steps",
+                          "step labels on held-out steps of an expert/random mix",
+                  "task_file": str(args.tasks), "max_steps": args.max_steps,
+                  "per_task": args.per_task,
                   "steps": len(rows), "good_steps": sum(x > 0 for x in labels),
                   "tasks": len({r["task"] for r in rows}), "judges": judges, "final": final,
                   "seconds_per_judge": round(base_seconds, 1)}
