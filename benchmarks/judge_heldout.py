@@ -142,7 +142,11 @@ def main(argv=None) -> int:
                            "auc": auc(labels, base)}}
         final = None
         saved = run / "judge_heldout.json"
-        earlier = json.loads(saved.read_text())["judges"] if saved.exists() else {}
+        before = json.loads(saved.read_text()) if saved.exists() else {}
+        same_steps = ((before.get("task_file", str(HELD_OUT)), before.get("max_steps", 4),
+                       before.get("per_task", 3), before.get("steps"))
+                      == (str(args.tasks), args.max_steps, args.per_task, len(rows)))
+        earlier = before["judges"] if before and same_steps else {}  # --only keeps these
         # the judge warm start's supervised judge (if any), then each iteration's
         for it_dir in [run / "judge_warm_start", *sorted(run.glob("iter_*"))]:
             adapter = it_dir / "rm"
