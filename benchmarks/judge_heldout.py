@@ -143,8 +143,9 @@ def main(argv=None) -> int:
         final = None
         saved = run / "judge_heldout.json"
         before = json.loads(saved.read_text()) if saved.exists() else {}
-        same_steps = ((before.get("task_file", str(HELD_OUT)), before.get("max_steps", 4),
-                       before.get("per_task", 3), before.get("steps"))
+        same_steps = ((before.get("task_file", str(ap.get_default("tasks"))),
+                       before.get("max_steps", ap.get_default("max_steps")),
+                       before.get("per_task", ap.get_default("per_task")), before.get("steps"))
                       == (str(args.tasks), args.max_steps, args.per_task, len(rows)))
         earlier = before["judges"] if before and same_steps else {}  # --only keeps these
         # the judge warm start's supervised judge (if any), then each iteration's

@@ -228,14 +228,12 @@ def _check_init_policy(cfg: LoopConfig) -> None:
 
 
 def _check_kl_ref(cfg: LoopConfig, table: str) -> None:
-    """A `kl_ref` adapter directory is checked at load, as the trainer would check it
-    (pre-update, base and the loop's init name no directory)."""
-    from rlany.stageio import check_adapter
-    from rlany.training.fields import KL_REFS
+    """A `kl_ref` adapter directory is checked at load, by the trainer's own check."""
+    from rlany.training.driver import check_kl_ref
 
     ref = cfg.tables.get(table, {}).get("kl_ref")
-    if isinstance(ref, str) and ref not in (*KL_REFS, "init"):
-        check_adapter(ref, f"[{table}] kl_ref")
+    if isinstance(ref, str):
+        check_kl_ref(ref, f"[{table}] kl_ref", in_loop=True)
 
 
 # the warm start's LoRA is the one train-policy continues: its shape is [train_policy]'s

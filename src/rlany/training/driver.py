@@ -53,7 +53,7 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
         raise RlanyError("output exists and is not a finished checkpoint", where=opts.output)
     if opts.adapter and not opts.full:
         check_adapter(opts.adapter)
-    _check_kl_ref(getattr(opts, "kl_ref", "pre-update"))
+    check_kl_ref(getattr(opts, "kl_ref", "pre-update"))
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
     opts, plan = plan_for(opts, path)
     high = _check_samples(path, opts, plan)
@@ -75,17 +75,18 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
     return summary
 
 
-def _check_kl_ref(ref: str) -> None:
-    """--kl-ref: pre-update, base or a LoRA adapter directory (`init` is the loop's, which
-    resolves it to the run's first policy before a trainer runs)."""
+def check_kl_ref(ref: str, name: str = "--kl-ref", in_loop: bool = False) -> None:
+    """--kl-ref (a loop config's `kl_ref`, `name`): pre-update, base or a LoRA adapter
+    directory; `init` only `in_loop`, which resolves it to the run's first policy before a
+    trainer runs."""
     from rlany.stageio import check_adapter
     from rlany.training.fields import KL_REFS
 
-    if ref == "init":
+    if ref == "init" and not in_loop:
         raise RlanyError("--kl-ref init names a loop run's first policy; outside a loop "
                          "give pre-update, base or an adapter directory")
-    if ref not in KL_REFS:
-        check_adapter(ref, "--kl-ref")
+    if ref not in (*KL_REFS, "init"):
+        check_adapter(ref, name)
 
 
 def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
