@@ -16,6 +16,9 @@ step labels (arms with a judge), accepted tasks per iteration (full), seconds pe
 
 Runs are the loop's own run directories (runs/learning/ARM-sSEED): a killed or interrupted
 benchmark resumes where it stopped, and `--report-only` summarizes whatever is complete.
+Runs that the results file already records under the same runs directory and config, and
+whose directories are not here (a fresh clone), stay in the summary as recorded, each with
+the machine it ran on; the plots (-report/) are then left as they were.
 Writes benchmarks/results/learning.json, learning.md (the table) and learning-report/
 (`rlany report`: plots of every run); `--readme` puts the table into benchmarks/README.md.
 The reduced version (a smoke run of the whole benchmark: policy-only and full, seed 0, 2
@@ -43,6 +46,7 @@ Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -59,6 +63,7 @@ from learning_summary import (  # noqa: E402
     headline,
     table,
     versus,
+    with_recorded,
 )
 
 HOUSEHOLD_LEARN = "household/learn.toml"  # judge_heldout.py's steps are this config's
@@ -154,7 +159,14 @@ def main() -> dict:
                     subprocess.run([sys.executable, str(Path(__file__).parent /
                                                         "judge_heldout.py"), str(run)],
                                    check=True)
-    by_arm = collect(Path(args.runs_dir))  # every evaluated run there, not only these
+    # every evaluated run there, not only these, and the runs the committed results recorded
+    # there whose directories this machine does not have
+    earlier = RESULTS / f"{bench}.json"
+    earlier = json.loads(earlier.read_text()) if earlier.exists() else {}
+    by_arm, recorded = with_recorded(
+        collect(Path(args.runs_dir)),
+        earlier.get("runs") if earlier.get("config") == args.config else None,
+        Path(args.runs_dir), earlier.get("machine"))
     if not by_arm:
         raise SystemExit(f"no evaluated runs under {args.runs_dir}")
     arms = {arm: arm_summary(runs) for arm, runs in by_arm.items()}
@@ -163,16 +175,24 @@ def main() -> dict:
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{bench}.md").write_text(text)
-    run_dirs = [r["run"] for runs in by_arm.values() for r in runs]
+    run_dirs = [r["run"] for runs in by_arm.values() for r in runs if r["run"] not in recorded]
     report = RESULTS / f"{bench}-report"
-    subprocess.run([sys.executable, "-m", "rlany", "report", *run_dirs, "-o", str(report)],
-                   check=False)
+    if recorded:  # plots need the runs' files: keep the report that drew them all
+        others = (f"; `rlany report {' '.join(run_dirs)} -o DIR` draws the others"
+                  if run_dirs else "")
+        print(f"{len(recorded)} runs only in {bench}.json (their directories are not here): "
+              f"{report} kept as it was{others}", file=sys.stderr)
+    else:
+        subprocess.run([sys.executable, "-m", "rlany", "report", *run_dirs, "-o", str(report)],
+                       check=False)
     if args.readme:
         write_readme_block(f"{bench}-table", text)
     result = {"metric": "held-out success per arm, pooled over seeds (base -> final)",
               "config": args.config, "sets": sets, **head,
               "cost_vs_policy_only": costs, "arms": arms,
               "runs": by_arm,
+              # kept from the earlier results file (each with its "machine"), not re-read
+              "recorded_runs": recorded,
               "seconds": round(time.perf_counter() - started, 1),
               "note": "run alone on the machine (one CPU-heavy process at a time)"}
     save(bench, result)

@@ -129,6 +129,33 @@ def collect(runs_dir: Path) -> dict[str, list[dict]]:
     return by_arm
 
 
+def with_recorded(by_arm: dict[str, list[dict]], recorded: dict[str, list[dict]] | None,
+                  runs_dir: Path, machine: dict | None = None
+                  ) -> tuple[dict[str, list[dict]], list[str]]:
+    """`collect`'s runs plus those an earlier results file (its "runs") recorded under the
+    same runs directory and that are not summarized here: a fresh clone has the committed
+    results and no runs/, so a report made after one new run still covers every seed
+    instead of overwriting the file with that run alone. A run directory that is here and
+    evaluated wins over its record. A kept record names the machine it ran on ("machine":
+    the earlier file's, unless the record names one). Returns the runs by arm, in
+    `collect`'s order, and the recorded runs it kept."""
+    here = {r["run"] for runs in by_arm.values() for r in runs}
+    merged = {arm: list(runs) for arm, runs in by_arm.items()}
+    kept = []
+    for arm, runs in (recorded or {}).items():
+        for r in runs:
+            if r["run"] in here or Path(r["run"]).parent != Path(runs_dir):
+                continue
+            merged.setdefault(arm, []).append({**r, "machine": r.get("machine") or machine})
+            kept.append(r["run"])
+
+    def order(arm: str) -> tuple[int, str]:
+        base, _, tag = arm.partition(" [")
+        return (list(ARMS).index(base) if base in ARMS else len(ARMS), tag)
+    return ({arm: sorted(merged[arm], key=lambda r: r["seed"]) for arm in
+             sorted(merged, key=order)}, sorted(kept))
+
+
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
         9: 2.262}  # Student's t, 97.5th percentile, by degrees of freedom
 

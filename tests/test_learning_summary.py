@@ -63,3 +63,24 @@ def test_every_stage_the_loop_times_has_its_mean(tmp_path):
         (tmp_path / kind / "rlany.json").write_text(json.dumps({"metrics": {"seconds": 20.0 + i}}))
     seconds = collect_metrics(tmp_path)["seconds"]
     assert set(seconds) == set(STAGE_ORDER) | {"eval"}  # each stage's mean finds its key
+
+
+def test_runs_the_results_recorded_stay_when_their_directories_are_not_here():
+    from learning_summary import with_recorded
+
+    def rec(run, seed):
+        return {"run": run, "seed": seed, **_run(50, True)}
+    recorded = {"policy-only [warm]": [rec("runs/b/policy-only-warm-s0", 0),
+                                       rec("runs/b/policy-only-warm-s1", 1)],
+                "full [warm]": [rec("runs/b/full-warm-s0", 0)],
+                "full": [rec("runs/other/full-s0", 0)]}  # another runs directory: not ours
+    here = {"full [warm]": [{**rec("runs/b/full-warm-s0", 0), "final": {"success": 0.1}}],
+            "+step [warm-label]": [rec("runs/b/step-warm-label-s2", 2)]}
+    by_arm, kept = with_recorded(here, recorded, Path("runs/b"), {"cpus": 2})
+    assert list(by_arm) == ["policy-only [warm]", "+step [warm-label]", "full [warm]"]
+    assert kept == ["runs/b/policy-only-warm-s0", "runs/b/policy-only-warm-s1"]
+    assert [r["seed"] for r in by_arm["policy-only [warm]"]] == [0, 1]
+    assert by_arm["policy-only [warm]"][0]["machine"] == {"cpus": 2}
+    assert by_arm["full [warm]"][0]["final"] == {"success": 0.1}  # the directory here wins
+    assert "machine" not in by_arm["full [warm]"][0]
+    assert with_recorded(here, None, Path("runs/b")) == (here, [])
