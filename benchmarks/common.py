@@ -21,10 +21,43 @@ def machine() -> dict:
         except metadata.PackageNotFoundError:
             pass
     from rlany.compat import machine_profile
-    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu_model": cpu_model(),
+            "boot_id": boot_id(),
             "profile": machine_profile(),
             "python": platform.python_version(), "versions": versions,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name: machines with the same instruction sets still differ in speed
+    (two 2-core AVX-512 hosts rolled out the same episodes in 103 and 165 s, LOG.md
+    2026-11-26): timings compare within one session's runs; this helps tell hosts apart."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def boot_id() -> str | None:
+    """This machine's boot: runs that share it ran on one host, so their seconds compare."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def made_since_boot(path: Path) -> bool:
+    """Whether `path` was last written after this machine booted (`/proc/stat` btime): a
+    run directory that was is this host's work; one from before may be another host's."""
+    try:
+        btime = next(int(line.split()[1]) for line in
+                     Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+        return path.stat().st_mtime >= btime
+    except (OSError, StopIteration, ValueError):
+        return False
 
 
 # the instruction-set switches of torch's own kernels, oneDNN and MKL: set to AVX2, an

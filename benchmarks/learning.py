@@ -54,7 +54,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, check_name, save, write_readme_block  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    check_name,
+    machine,
+    made_since_boot,
+    save,
+    write_readme_block,
+)
 from learning_summary import (  # noqa: E402
     ARMS,
     arm_summary,
@@ -169,6 +176,11 @@ def main() -> dict:
         Path(args.runs_dir), earlier.get("machine"))
     if not by_arm:
         raise SystemExit(f"no evaluated runs under {args.runs_dir}")
+    here = machine()
+    for runs in by_arm.values():  # a run made since this boot ran here; a record names its own
+        for r in runs:
+            if "machine" not in r:
+                r["machine"] = here if made_since_boot(Path(r["run"]) / "config.json") else None
     arms = {arm: arm_summary(runs) for arm, runs in by_arm.items()}
     head, costs = headline(by_arm), cost_ratios(arms)
     text = table(arms) + versus(head, costs)

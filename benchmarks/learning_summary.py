@@ -214,6 +214,9 @@ def arm_summary(runs: list[dict]) -> dict:
             "on_plan": [mean(col) for col in zip_longest(*(r.get("on_plan") or [] for r in runs))],
             "warm_start": warm_start,
             "minutes_per_run": mean(r["seconds"] / 60 for r in runs),
+            # where the runs ran (machine.boot_id; None: not recorded): seconds compare
+            # only between arms that ran on the same hosts
+            "hosts": sorted({(r.get("machine") or {}).get("boot_id") or "" for r in runs}),
             # an iteration's stages without its evaluation, mean over seeds and iterations:
             # what the judge costs per iteration (eval runs every eval_every, in every arm)
             "iteration_seconds": mean(sum(v for k, v in sec.items() if k != "eval")
@@ -244,12 +247,14 @@ def baseline(arm: str, warm: bool, names) -> str | None:
 
 def cost_ratios(arms: dict) -> dict | None:
     """Each arm's seconds per iteration over its policy-only baseline's (the judge's issue
-    asks <= 1.5 for the judged loop); None without a policy-only arm."""
+    asks <= 1.5 for the judged loop); None without a policy-only arm, and no ratio where
+    the two arms ran on other hosts (`hosts`: one AVX-512 host ran the same work 1.6x
+    faster than another)."""
     out = {}
     for arm, a in arms.items():
         base = baseline(arm, bool(a.get("warm_start")), arms)
         only = arms[base].get("iteration_seconds") if base else None
-        if only and a.get("iteration_seconds"):
+        if only and a.get("iteration_seconds") and a.get("hosts") == arms[base].get("hosts"):
             out[arm] = round(a["iteration_seconds"] / only, 3)
     return out or None
 

@@ -84,3 +84,22 @@ def test_runs_the_results_recorded_stay_when_their_directories_are_not_here():
     assert by_arm["full [warm]"][0]["final"] == {"success": 0.1}  # the directory here wins
     assert "machine" not in by_arm["full [warm]"][0]
     assert with_recorded(here, None, Path("runs/b")) == (here, [])
+
+
+def test_seconds_compare_only_between_arms_that_ran_on_the_same_hosts():
+    arms = {"policy-only": {"iteration_seconds": 200.0, "hosts": [""]},
+            "+rm": {"iteration_seconds": 300.0, "hosts": [""]},
+            "full": {"iteration_seconds": 300.0, "hosts": ["boot-b"]}}
+    assert cost_ratios(arms) == {"+rm": 1.5}  # full ran elsewhere: its seconds say nothing
+    from learning_summary import arm_summary
+
+    def run(boot):
+        return {**_run(50, False), "base": {"successes": 0, "episodes": 128, "success": 0.0,
+                                            "judge_step_accuracy": None},
+                "accepted_tasks": [], "judge_on_rollouts": [], "seconds": 60.0,
+                "stage_seconds": [], "machine": {"boot_id": boot} if boot else None}
+    run_final = {"iteration": 2}
+    runs = [run("a"), run(None)]
+    for r in runs:
+        r["final"] = {**r["final"], **run_final, "judge_step_accuracy": None}
+    assert arm_summary(runs)["hosts"] == ["", "a"]
