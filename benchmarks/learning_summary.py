@@ -137,7 +137,7 @@ def with_recorded(by_arm: dict[str, list[dict]], recorded: dict[str, list[dict]]
     results and no runs/, so a report made after one new run still covers every seed
     instead of overwriting the file with that run alone. A run directory that is here and
     evaluated wins over its record. A kept record names the machine it ran on ("machine":
-    the earlier file's, unless the record names one). Returns the runs by arm, in
+    the earlier file's where the record has no such key). Returns the runs by arm, in
     `collect`'s order, and the recorded runs it kept."""
     here = {r["run"] for runs in by_arm.values() for r in runs}
     merged = {arm: list(runs) for arm, runs in by_arm.items()}
@@ -146,7 +146,9 @@ def with_recorded(by_arm: dict[str, list[dict]], recorded: dict[str, list[dict]]
         for r in runs:
             if r["run"] in here or Path(r["run"]).parent != Path(runs_dir):
                 continue
-            merged.setdefault(arm, []).append({**r, "machine": r.get("machine") or machine})
+            # a record without the key predates per-run machines: the file's is its own;
+            # one that says None (its host was not known) stays unknown
+            merged.setdefault(arm, []).append(r if "machine" in r else {**r, "machine": machine})
             kept.append(r["run"])
 
     def order(arm: str) -> tuple[int, str]:

@@ -73,12 +73,14 @@ def test_runs_the_results_recorded_stay_when_their_directories_are_not_here():
     recorded = {"policy-only [warm]": [rec("runs/b/policy-only-warm-s0", 0),
                                        rec("runs/b/policy-only-warm-s1", 1)],
                 "full [warm]": [rec("runs/b/full-warm-s0", 0)],
-                "full": [rec("runs/other/full-s0", 0)]}  # another runs directory: not ours
+                "full": [rec("runs/other/full-s0", 0)],  # another runs directory: not ours
+                "+rm": [{**rec("runs/b/rm-s0", 0), "machine": None}]}  # its host unknown
     here = {"full [warm]": [{**rec("runs/b/full-warm-s0", 0), "final": {"success": 0.1}}],
             "+step [warm-label]": [rec("runs/b/step-warm-label-s2", 2)]}
     by_arm, kept = with_recorded(here, recorded, Path("runs/b"), {"cpus": 2})
-    assert list(by_arm) == ["policy-only [warm]", "+step [warm-label]", "full [warm]"]
-    assert kept == ["runs/b/policy-only-warm-s0", "runs/b/policy-only-warm-s1"]
+    assert list(by_arm) == ["policy-only [warm]", "+step [warm-label]", "+rm", "full [warm]"]
+    assert kept == ["runs/b/policy-only-warm-s0", "runs/b/policy-only-warm-s1", "runs/b/rm-s0"]
+    assert by_arm["+rm"][0]["machine"] is None  # not given the file's host
     assert [r["seed"] for r in by_arm["policy-only [warm]"]] == [0, 1]
     assert by_arm["policy-only [warm]"][0]["machine"] == {"cpus": 2}
     assert by_arm["full [warm]"][0]["final"] == {"success": 0.1}  # the directory here wins
