@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -20,25 +21,12 @@ def machine() -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
-    from rlany.compat import machine_profile
+    from rlany.compat import cpu_model, machine_profile
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu_model": cpu_model(),
             "boot_id": boot_id(),
             "profile": machine_profile(),
             "python": platform.python_version(), "versions": versions,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-
-
-def cpu_model() -> str | None:
-    """The CPU's model name: machines with the same instruction sets still differ in speed
-    (two 2-core AVX-512 hosts rolled out the same episodes in 103 and 165 s, LOG.md
-    2026-11-26): timings compare within one session's runs; this helps tell hosts apart."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def boot_id() -> str | None:
@@ -49,14 +37,23 @@ def boot_id() -> str | None:
         return None
 
 
-def made_since_boot(path: Path) -> bool:
-    """Whether `path` was last written after this machine booted (`/proc/stat` btime): a
-    run directory that was is this host's work; one from before may be another host's."""
+@functools.cache
+def _boot_time() -> int | None:
+    """When this machine booted (`/proc/stat` btime, seconds since the epoch)."""
     try:
-        btime = next(int(line.split()[1]) for line in
-                     Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-        return path.stat().st_mtime >= btime
+        return next(int(line.split()[1]) for line in
+                    Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
     except (OSError, StopIteration, ValueError):
+        return None
+
+
+def made_since_boot(path: Path) -> bool:
+    """Whether `path` was last written after this machine booted: a run directory that was
+    is this host's work; one from before may be another host's."""
+    btime = _boot_time()
+    try:
+        return btime is not None and path.stat().st_mtime >= btime
+    except OSError:
         return False
 
 

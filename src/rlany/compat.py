@@ -4,21 +4,34 @@ each with its reason."""
 from __future__ import annotations
 
 import os
+import platform
 
 # CPU features that decide engine and precision (see `machine_profile`)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU feature flags of /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+def _cpuinfo(field: str) -> str | None:
+    """The first CPU's `field` in /proc/cpuinfo (None where there is none, e.g. macOS)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU feature flags of /proc/cpuinfo (empty where there is none)."""
+    return set((_cpuinfo("flags") or "").split())
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name: hosts with the same instruction sets still differ in speed
+    (two 2-core AVX-512 hosts rolled out the same episodes in 103 and 165 s,
+    benchmarks/LOG.md 2026-11-26), so benchmarks record it."""
+    return _cpuinfo("model name") or platform.processor() or None
 
 
 def cpu_capability() -> str:
