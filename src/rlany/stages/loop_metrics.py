@@ -39,6 +39,7 @@ def collect_metrics(d: Path) -> dict:
         "rm_samples": score.get("rm_samples"),
         "judge_parse_fail_rate": judge.get("parse_fail_rate"),
         "judge_outcome_agreement": score.get("judge_outcome_agreement"),
+        "lam": score.get("lam"),  # lambda as scored: below [score] lam under lam_gate
         # the judge on this iteration's rollouts: vs the env's step labels, and its +1 share
         "judge_label_accuracy": judge.get("label_accuracy"),
         "judge_positive_share": judge.get("positive_share"),

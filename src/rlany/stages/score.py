@@ -7,6 +7,8 @@ verdicts S_itj ∈ {-1, 0, +1} (0 = unparseable).
 Policy (integrated feedback):
     S̄_it = mean_j S_itj                      (all m samples; an unparseable 0 abstains)
     R_it = O_i + λ · S̄_it                    (λ = 1; --outcome-only means λ = 0)
+    `--lam-gate agreement` (a research switch) scales λ by how far the step scores' agreement
+    with the outcomes is above chance, measured on this input first (rlany.stages.lam_gate).
     A_it = (R_it - mean_{i'∈I_t} R_i't) / std_{i'∈I_t} R_i't
            where I_t = trajectories of q that reach step t (population std).
     A step index reached by one trajectory has no group to compare with: `--lone-step raw`
@@ -67,6 +69,7 @@ from rlany.errors import RlanyError
 from rlany.options import opt
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
 from rlany.stages.advantages import standardize
+from rlany.stages.lam_gate import judge_stats, measure
 from rlany.stages.pairing import groups, paired
 from rlany.stages.unit_tests import unit_test_rewards
 
@@ -81,6 +84,11 @@ class ScoreOptions:
     stats: str | None = opt(None, "Per-task accuracy file. Default: task_stats.jsonl beside "
                             "--output (none when --output is -).", scope="io")
     lam: float = opt(1.0, "lambda in R = O + lambda * mean(S); 0 = outcome only.", min=0)
+    lam_gate: str = opt("none", "agreement: scale lambda by how far the step scores' agreement "
+                        "with the outcomes is above chance (2 x its 95% lower bound - 1, "
+                        "at least 0), measured on this input before scoring, label-free; "
+                        "a judge at chance then adds nothing (rlany.stages.lam_gate).",
+                        choices=("none", "agreement"), diagnostic=True)
     lone_step: str = opt("raw", "A step index reached by only one trajectory: keep its raw R "
                          "as the advantage (reference behaviour) or drop it (zero).",
                          choices=("raw", "zero"))
@@ -146,9 +154,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
     acc = successes / n
 
     # R_it = O_i + λ · mean_j S_itj (or λ · L_it, the env's label, with --step-scores label)
-    step_scores = (_labels(group, "--step-scores label") if opts.step_scores == "label" else
-                   [[_mean_score(j, t) for t in range(len(tr.steps))]
-                    for tr, j in zip(trajs, judgments)])
+    step_scores = _step_scores(group, opts)
     rewards = [[tr.outcome + opts.lam * s for s in scores]
                for tr, scores in zip(trajs, step_scores)]
 
@@ -214,8 +220,16 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
         mean_steps=statistics.fmean(len(t.steps) for t in trajs),
         policy_keep=policy_keep, policy_reason=policy_reason, rm_keep=rm_keep,
         rm_reason=rm_reason, policy_samples=policy_samples, rm_samples=rm_samples,
-        **_judge_stats(trajs, judgments, step_scores))
+        **judge_stats(trajs, judgments, step_scores))
     return scored, stats
+
+
+def _step_scores(group: list[tuple[str, Trajectory, Judgment | None]], opts: ScoreOptions
+                 ) -> list[list[float]]:
+    """S̄_it of each step: the mean verdict, or the env's label with --step-scores label."""
+    if opts.step_scores == "label":
+        return _labels(group, "--step-scores label")
+    return [[_mean_score(j, t) for t in range(len(tr.steps))] for _, tr, j in group]
 
 
 def _policy_filter(candidate: bool, uniform: bool, separated: bool, uniform_tasks: str
@@ -296,26 +310,6 @@ def _consistency(judgment: Judgment | None, t: int, reward: float, rm_keep: bool
             for s, ri, ai in zip(samples, r, a)]
 
 
-def _judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
-                 step_scores: list[list[float]]) -> dict:
-    judged = [(tr, j, s) for tr, j, s in zip(trajs, judgments, step_scores)
-              if j is not None and j.skipped is None]
-    if not judged:
-        return {"step_score_mean": None, "parse_fail_rate": None,
-                "judge_outcome_agreement": None}
-    verdicts = [s.score for _, j, _ in judged for st in j.steps for s in st.samples]
-    flat = [s for _, _, scores in judged for s in scores]
-    # A trajectory's judged quality agrees with its outcome when the sign of its mean step
-    # score matches O. Trajectories with no steps or a zero mean count as disagreeing;
-    # unjudged ones (`judge --select used`) do not count.
-    agree = [(statistics.fmean(s) if s else 0.0) * tr.outcome > 0 for tr, _, s in judged]
-    return {
-        "step_score_mean": statistics.fmean(flat) if flat else None,
-        "parse_fail_rate": (sum(v == 0 for v in verdicts) / len(verdicts)) if verdicts else None,
-        "judge_outcome_agreement": sum(agree) / len(agree),
-    }
-
-
 # -- the file driver: `rlany score` and the loop's score stage --------------------------
 
 def run(opts: ScoreOptions, engine: object = None) -> dict:
@@ -343,8 +337,14 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
               "policy_samples": 0, "rm_samples": 0}
     acc_sum = agree_sum = 0.0
     agree_n = 0
+    scoring = opts
+    if opts.lam_gate == "agreement":  # a pre-pass over the input (stdin was spooled above)
+        lam, counts["lam_gate"] = measure(lambda: paired(traj_reader, judge_reader), opts.lam,
+                                          lambda group: _step_scores(group, opts))
+        scoring = replace(opts, lam=lam)
+    counts["lam"] = scoring.lam
     with atomic_outputs(opts.output, stats) as (out, st):  # both files, or neither
-        for scored, task_stats in score_stream(traj_reader, judge_reader, opts):
+        for scored, task_stats in score_stream(traj_reader, judge_reader, scoring):
             out.write_all(scored)
             if st:
                 st.write(task_stats)
@@ -371,5 +371,14 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
     info(f"score: {counts['trajectories']} trajectories in {counts['tasks']} tasks "
          f"({counts['candidate_tasks']} candidates), pool acc {counts['mean_acc']:.3f}, "
          f"{counts['policy_samples']} policy samples, {counts['rm_samples']} reward-model "
-         f"samples -> {opts.output} ({time.time() - started:.1f}s)")
+         f"samples{_gate_line(counts)} -> {opts.output} ({time.time() - started:.1f}s)")
     return counts
+
+
+def _gate_line(counts: dict) -> str:
+    gate = counts.get("lam_gate")
+    if not gate:
+        return ""
+    agreement = "-" if gate["agreement"] is None else f"{gate['agreement']:.3f}"
+    return (f", lambda {counts['lam']:.3f} (step scores agree with outcomes {agreement}, "
+            f"95% lower bound {gate['lower95']:.3f}, {gate['trajectories']} trajectories)")
