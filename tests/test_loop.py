@@ -432,3 +432,22 @@ def test_rm_buffer_trains_the_judge_on_the_last_iterations_steps(tmp_path, tiny_
     assert str(it1 / "rm_input.jsonl") in json.dumps(ckpt)
     with pytest.raises(RlanyError, match="rm_buffer"):
         load_config(config, {"rm_buffer": 0})
+
+
+def test_eval_judge_false_stops_the_evaluations_judge_even_with_a_trained_one(tmp_path,
+                                                                               monkeypatch):
+    """`[eval] judge = false` said no judge, yet a loop with a reward-model adapter judged
+    every evaluation (the adapter implies --judge: 340 s instead of 127 s per evaluation on
+    mid.toml). Left out, the evaluation still measures the trained judge."""
+    from types import SimpleNamespace
+
+    from rlany.stages.loop_stages import EVAL
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "t.jsonl", make_tasks(2, seed=0))
+    config = tmp_path / "c.toml"
+    config.write_text('name = "x"\ntasks = "t.jsonl"\neval_tasks = "t.jsonl"\n')
+    for sets, judge in (([], "rm-1"), (["eval.judge=false"], None),
+                        (["eval.judge=true"], "rm-1")):
+        lp = SimpleNamespace(cfg=load_config(str(config), sets=sets),
+                             latest=lambda kind, it: f"{kind}-{it}")
+        assert EVAL.io(lp, tmp_path, 0)["judge_adapter"] == judge, sets

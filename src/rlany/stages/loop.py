@@ -57,6 +57,7 @@ from rlany.stages.loop_stages import (
     WARM_START,
     Stage,
     _pending,
+    eval_judge,
 )
 from rlany.stages.warm_reuse import share_warm_start
 
@@ -128,7 +129,8 @@ class Loop:
             if self.init_policy:  # the warm start before any RL
                 yield EVAL, self.dir, -1, dict(output=str(self.dir / "eval_init.json"),
                                                adapter=self.init_policy,
-                                               judge_adapter=self.init_rm)
+                                               judge_adapter=eval_judge(self.cfg,
+                                                                        self.init_rm))
         for it in range(self.cfg.iterations):
             yield from self.iteration(it)
 

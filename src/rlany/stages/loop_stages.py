@@ -130,4 +130,11 @@ JUDGE_WARM_START = (  # runs/NAME/judge_warm_start/, before the base evaluation
 JUDGE_WARM_P, JUDGE_WARM_N = 0.5, 4  # per pool task: 4 episodes, each action expert w.p. 0.5
 EVAL = Stage("eval", eval_done, lambda lp, d, it: dict(
     input=lp.cfg.eval_tasks, output=f"{d}/eval.json", adapter=lp.latest("policy", it + 1),
-    judge_adapter=lp.latest("rm", it + 1)))
+    judge_adapter=eval_judge(lp.cfg, lp.latest("rm", it + 1))))
+
+
+def eval_judge(cfg, adapter: str | None) -> str | None:
+    """The judge adapter the evaluation measures: the loop's trained one (its step accuracy
+    each evaluation, `eval --judge-adapter` implying `--judge`) unless `[eval] judge = false`
+    says no judge, which a config that leaves `judge` out does not."""
+    return None if cfg.tables.get("eval", {}).get("judge") is False else adapter
