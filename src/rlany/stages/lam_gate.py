@@ -1,9 +1,9 @@
 """`score --lam-gate agreement`: λ as large as the step scores have earned, label-free.
 
 Step rewards R_it = O_i + λ·S̄_it help the policy only when S̄ says something true about
-the steps; a judge at chance adds noise of the outcome's own size (λ = 1), and that noise
-is what cost every judged arm of the learning benchmark about 0.1 of held-out success
-(benchmarks/README.md, "Each component against policy-only"). Labels are not available to
+the steps; a judge at chance adds noise of the outcome's own size (λ = 1) (on learn.toml
+every judged arm ended about 0.1 below policy-only; benchmarks/README.md, "Each component
+against policy-only", has what the gate did on mid.toml). Labels are not available to
 tell a good judge from a bad one, but the outcome is: a trajectory whose steps the judge
 scores well on balance should be one that succeeded. With
 
