@@ -34,14 +34,15 @@ from collections.abc import Callable, Iterable
 
 from rlany.records import Judgment, Trajectory
 from rlany.stages.eval import wilson_interval
-from rlany.stages.pairing import groups
 
 Group = list[tuple[str, Trajectory, Judgment | None]]
 
 
 def gated_lambda(grouped: Iterable[Group], lam: float,
                  step_scores: Callable[[Group], list[list[float]]]) -> tuple[float, dict]:
-    """(λ_eff, what it was measured on) from one pass over the paired input."""
+    """(λ_eff, what it was measured on) from one pass over the paired input, grouped by
+    task: the pre-pass `score` makes before scoring (stdin was spooled to a file, so the
+    input can be read twice)."""
     agree = 0
     n = 0
     for group in grouped:
@@ -84,11 +85,3 @@ def judge_stats(trajs: list[Trajectory], judgments: list[Judgment | None],
         "parse_fail_rate": (sum(v == 0 for v in verdicts) / len(verdicts)) if verdicts else None,
         "judge_outcome_agreement": sum(agree) / len(agree),
     }
-
-
-def measure(paired_input: Callable[[], Iterable], lam: float,
-            step_scores: Callable[[Group], list[list[float]]]) -> tuple[float, dict]:
-    """The pre-pass `score` makes before scoring: `paired_input()` yields a fresh pass of
-    (where, trajectory, judgment) in input order (stdin was spooled to a file, so the
-    input can be read twice)."""
-    return gated_lambda(groups(paired_input()), lam, step_scores)

@@ -69,7 +69,7 @@ from rlany.errors import RlanyError
 from rlany.options import opt
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
 from rlany.stages.advantages import standardize
-from rlany.stages.lam_gate import judge_stats, measure
+from rlany.stages.lam_gate import gated_lambda, judge_stats
 from rlany.stages.pairing import groups, paired
 from rlany.stages.unit_tests import unit_test_rewards
 
@@ -339,8 +339,8 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
     agree_n = 0
     scoring = opts
     if opts.lam_gate == "agreement":  # a pre-pass over the input (stdin was spooled above)
-        lam, counts["lam_gate"] = measure(lambda: paired(traj_reader, judge_reader), opts.lam,
-                                          lambda group: _step_scores(group, opts))
+        lam, counts["lam_gate"] = gated_lambda(groups(paired(traj_reader, judge_reader)),
+                                               opts.lam, lambda group: _step_scores(group, opts))
         scoring = replace(opts, lam=lam)
     counts["lam"] = scoring.lam
     with atomic_outputs(opts.output, stats) as (out, st):  # both files, or neither
