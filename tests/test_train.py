@@ -210,9 +210,9 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path, schedule):
         torch.testing.assert_close(pr[k], pf[k], rtol=1e-4, atol=5e-5, msg=k)
 
 
-@pytest.mark.parametrize("order", ["shuffled", "grouped"])
+@pytest.mark.parametrize("order", ["shuffled", "grouped", "stratified"])
 def test_plan_covers_every_sample_once_per_epoch(order):
-    samples = [Sample([1, i % 3], [2], 0.0) for i in range(10)]
+    samples = [Sample([1, i % 3], [2], (-1.0) ** (i // 3)) for i in range(10)]
     opts = TrainOptions(output="unused", micro_batch=2, grad_accum=2, epochs=2,
                         batch_order=order)
     steps = plan_steps(samples, opts, world=1)
@@ -231,6 +231,34 @@ def test_grouped_steps_hold_a_prompts_samples_together():
         assert all(len({samples[i].prompt_ids[1] for i in st}) == 1 for st in steps)
         orders.append([samples[st[0]].prompt_ids[1] for st in steps])
     assert len({tuple(o) for o in orders}) > 1  # the steps' order is still drawn
+
+
+def test_stratified_steps_hold_both_classes_in_proportion_and_few_prompts():
+    # 8 tasks x 6 steps; a task's steps all one outcome, 16 of 48 positive (a verdict's
+    # target), interleaved as a scored file would not be
+    samples = [Sample([7, task, k], [], 1.0, target=1.0 if task < 3 else -1.0)
+               for k in range(6) for task in range(8)]
+    samples = [s for s in samples if not (s.prompt_ids[1] == 2 and s.prompt_ids[2] > 3)]
+    # 3 tasks positive: 16 of 46 samples
+    for order, seed in (("stratified", 0), ("stratified", 1), ("grouped", 0)):
+        opts = TrainOptions(output="unused", micro_batch=6, grad_accum=1, seed=seed,
+                            batch_order=order)
+        steps = plan_steps(samples, opts, world=1)
+        assert sorted(i for st in steps for i in st) == list(range(len(samples)))
+        pos = [sum(samples[i].target > 0 for i in st) for st in steps]
+        tasks = [len({samples[i].prompt_ids[1] for i in st}) for st in steps]
+        if order == "grouped":  # the failure stratified mends: steps of one outcome
+            assert min(pos) == 0 and max(pos) == 6
+            continue
+        # every step 2 of ~6 positive (16/46 of it), and each class a run of <= 2 tasks
+        assert all(len(st) in (5, 6) for st in steps) and set(pos) == {2}
+        assert max(tasks) <= 4 and sum(tasks) / len(steps) < 3.5
+    # the class of a sample without a target is its advantage's sign
+    policy = [Sample([7, i], [1], a) for i, a in enumerate([0.5, -0.5, 0.2, -0.1])]
+    opts = TrainOptions(output="unused", micro_batch=2, grad_accum=1,
+                        batch_order="stratified")
+    assert all(sorted(policy[i].advantage > 0 for i in st) == [False, True]
+               for st in plan_steps(policy, opts, world=1))
 
 
 def test_grouped_steps_share_whole_prompts_with_the_same_losses(tiny_model, tmp_path):

@@ -77,8 +77,11 @@ class TrainFields:
     batch_order: str = opt("shuffled", "Which samples meet in an optimizer step: shuffled "
                            "(a random permutation) or grouped (sorted by prompt, so a step "
                            "holds a task's rollouts and shares their prompt prefixes: less "
-                           "compute with --share-prefix; the step order is still random).",
-                           choices=("shuffled", "grouped"))
+                           "compute with --share-prefix; the step order is still random) or "
+                           "stratified (grouped within each class, the sign of a sample's "
+                           "target or advantage, both classes in every step in their overall "
+                           "proportion, as a shuffled step holds them on average).",
+                           choices=("shuffled", "grouped", "stratified"))
     share_prefix: bool = opt(True, "Run each prefix that samples of a micro-batch share once "
                              "(the same loss and gradients, less compute; on a CPU with "
                              "sdpa or eager attention, else off: slower on a GPU).",

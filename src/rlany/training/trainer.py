@@ -58,14 +58,16 @@ def plan_steps(samples: list[Sample], opts: TrainFields, world: int) -> list[lis
     side by side), cut into steps, and the steps' order shuffled every epoch: a step's
     samples share long prompt prefixes, which `rlany.shared_prefix` then runs once (on the
     learning config's household samples 565 forward tokens a step of 8 against 1,412
-    shuffled). Each step's loss is the same function either way; which samples meet in a
+    shuffled). `stratified` (`_stratified`): grouped within each class, both classes in
+    every step. Each step's loss is the same function either way; which samples meet in a
     step is what differs (as in TRL, whose batches hold a prompt's generations together)."""
     per_step = opts.micro_batch * opts.grad_accum * world
     rng = random.Random(opts.seed)
     steps = []
-    if opts.batch_order == "grouped":
-        by_prompt = sorted(range(len(samples)), key=lambda i: samples[i].prompt_ids)
-        chunks = [by_prompt[i:i + per_step] for i in range(0, len(by_prompt), per_step)]
+    if opts.batch_order in ("grouped", "stratified"):
+        chunks = (_stratified(samples, per_step) if opts.batch_order == "stratified" else
+                  _runs(sorted(range(len(samples)), key=lambda i: samples[i].prompt_ids),
+                        per_step))
         for _ in range(opts.epochs):
             rng.shuffle(chunks)
             steps += [list(c) for c in chunks]
@@ -73,10 +75,33 @@ def plan_steps(samples: list[Sample], opts: TrainFields, world: int) -> list[lis
         for _ in range(opts.epochs):
             order = list(range(len(samples)))
             rng.shuffle(order)
-            steps += [order[i:i + per_step] for i in range(0, len(order), per_step)]
+            steps += _runs(order, per_step)
     if opts.max_steps is not None:
         steps = steps[:opts.max_steps]
     return steps
+
+
+def _runs(order: list[int], per_step: int) -> list[list[int]]:
+    return [order[i:i + per_step] for i in range(0, len(order), per_step)]
+
+
+def _stratified(samples: list[Sample], per_step: int) -> list[list[int]]:
+    """`stratified` steps: the samples split by class (the sign of the target where there
+    is one, a verdict's; else of the advantage), each class sorted by prompt and cut into
+    as many consecutive runs as there are steps, a step one run of each class. So a step
+    holds both classes in their overall proportion, as a shuffled step does on average (a
+    grouped step of one trajectory's steps, mostly one outcome, pushed train-rm's verdict
+    bias: benchmarks/README.md), and each run shares its prompts' prefixes as a grouped
+    step's do."""
+    def positive(s: Sample) -> bool:
+        return (s.target if s.target is not None else s.advantage) > 0
+
+    n = math.ceil(len(samples) / per_step)
+    classes = [sorted((i for i, s in enumerate(samples) if positive(s) == side),
+                      key=lambda i: samples[i].prompt_ids) for side in (True, False)]
+    steps = [[i for c in classes for i in c[len(c) * j // n:len(c) * (j + 1) // n]]
+             for j in range(n)]
+    return [s for s in steps if s]  # a run of each class can round to nothing
 
 
 def micro_batches(indices: list[int], samples: list[Sample], rank: int, world: int,
