@@ -55,6 +55,24 @@ WORK = ROOT / "runs" / "judge-capacity"
 
 # -- 1. data ---------------------------------------------------------------------------
 
+def onpolicy(runs: list[Path], n_train: int, n_test: int, seed: int):
+    """(train rows, held-out rows) from the policy's own judged steps of `runs`: the tasks
+    shuffled by `seed` and split in half (no held-out task trains), then a seeded sample of
+    at most n_train / n_test steps of each half."""
+    from judge_data import policy_steps
+
+    rows = policy_steps(runs)
+    rng = random.Random(seed)
+    tasks = sorted({r["task"] for r in rows})
+    rng.shuffle(tasks)
+    held = set(tasks[:len(tasks) // 2])
+    train = [r for r in rows if r["task"] not in held]
+    test = [r for r in rows if r["task"] in held]
+    rng.shuffle(train)
+    rng.shuffle(test)
+    return train[:n_train], test[:n_test]
+
+
 # -- 2. one forward pass: probes' features and the top-K cache ---------------------------
 
 def load(model_path: str):
@@ -66,23 +84,35 @@ def load(model_path: str):
     return model, tok
 
 
-def features(model, prompts: list[list[int]], k: int, say) -> tuple[list, list]:
+def features(model, prompts: list[list[int]], k: int, say, batch: int = 8
+             ) -> tuple[list, list]:
     """(last-position hidden state at every layer (L+1, D) per prompt, the sequence's
-    hidden state entering layer L-K (T, D) per prompt)."""
+    hidden state entering layer L-K (T, D) per prompt). Prompts of similar length run
+    `batch` at a time, right-padded (a causal model's states of the real tokens are those
+    of the prompt alone)."""
     import torch
 
     layers = model.config.num_hidden_layers
-    last, cache = [], []
+    last, cache = [None] * len(prompts), [None] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     t0 = time.time()
     with torch.no_grad():
-        for n, ids in enumerate(prompts):
-            out = model(input_ids=torch.tensor([ids]), output_hidden_states=True,
-                        logits_to_keep=1)
-            hs = out.hidden_states
-            last.append(torch.stack([h[0, -1] for h in hs]))  # (L+1, D)
-            cache.append(hs[layers - k][0].clone())  # (T, D)
-            if n % 200 == 199:
-                say(f"  forward {n + 1}/{len(prompts)} ({time.time() - t0:.0f}s)")
+        for b in range(0, len(order), batch):
+            idx = order[b:b + batch]
+            width = max(len(prompts[i]) for i in idx)
+            ids = torch.zeros(len(idx), width, dtype=torch.long)
+            mask = torch.zeros(len(idx), width, dtype=torch.long)
+            for row, i in enumerate(idx):
+                ids[row, :len(prompts[i])] = torch.tensor(prompts[i])
+                mask[row, :len(prompts[i])] = 1
+            hs = model(input_ids=ids, attention_mask=mask, output_hidden_states=True,
+                       logits_to_keep=1).hidden_states
+            for row, i in enumerate(idx):
+                n = len(prompts[i])
+                last[i] = torch.stack([h[row, n - 1] for h in hs])  # (L+1, D)
+                cache[i] = hs[layers - k][row, :n].clone()  # (T, D)
+            if (b // batch) % 25 == 24:
+                say(f"  forward {b + len(idx)}/{len(prompts)} ({time.time() - t0:.0f}s)")
     return last, cache
 
 
@@ -215,13 +245,21 @@ def probe(feats, train_idx, labels, test_idx, layer: int) -> float:
 def table(results: dict) -> str:
     """benchmarks/README.md's judge-capacity block, from the results JSON."""
     base = results["base"]
-    lines = [f"SmolLM2-135M judge, household `learn.toml` prompts (history 1, obs lines 1); "
-             f"{results['train_steps_available']} labelled train steps from pool tasks, "
-             f"{results['heldout_steps']} held-out steps from the held-out tasks "
+    source = (f"the policy's own judged steps of {len(results['runs'])} loop runs "
+              f"({', '.join(Path(r).name for r in results['runs'])}): "
+              f"{results['train_steps_available']} labelled train steps from half their "
+              f"tasks, {results['heldout_steps']} held-out steps from the other half "
+              if results.get("runs") else
+              f"household `learn.toml` prompts (history 1, obs lines 1); "
+              f"{results['train_steps_available']} labelled train steps from pool tasks, "
+              f"{results['heldout_steps']} held-out steps from the held-out tasks ")
+    lines = [f"SmolLM2-135M judge, {source}"
              f"({results['heldout_pos_share']:.0%} labelled +1). Balanced accuracy on the "
              f"held-out steps; base judge {base['heldout_bal_acc_greedy']:.3f} (greedy), "
              f"{base['heldout_bal_acc_t08']:.3f} (sampled at T 0.8); the outcome itself as "
-             f"the verdict {results['outcome_as_verdict_heldout']:.3f}. Top "
+             f"the verdict {results['outcome_as_verdict_heldout']:.3f}"
+             + (f"; the runs' own judges' verdicts {results['loop_verdicts_heldout']:.3f}"
+                if "loop_verdicts_heldout" in results else "") + ". Top "
              f"{results['k_top_layers']} of 30 layers fine-tuned (LoRA r16, all linear) on "
              f"the cached lower layers.", "",
              "| target | objective | lr | N | epochs | greedy | sampled T 0.8 | +1 share | "
@@ -259,14 +297,25 @@ def main(argv=None) -> int:
     ap.add_argument("--per-task", type=int, default=6, help="train episodes per pool task")
     ap.add_argument("--test-per-task", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--from-runs", nargs="+", type=Path, metavar="RUN",
+                    help="on-policy steps instead: the policy's own judged steps of these "
+                    "loop runs (judge_data.policy_steps), their tasks split in half by "
+                    "--seed, one half held out (a seeded sample of --max-train / "
+                    "--max-test steps of each)")
+    ap.add_argument("--max-train", type=int, default=2048, help="with --from-runs")
+    ap.add_argument("--max-test", type=int, default=768, help="with --from-runs")
+    ap.add_argument("--name", help="the results' name (default judge_capacity, with "
+                    "--from-runs judge_capacity_onpolicy)")
     ap.add_argument("--readme", action="store_true",
                     help="at the end, write the results' table into benchmarks/README.md")
     ap.add_argument("--table-only", action="store_true",
                     help="only write the committed results' table into benchmarks/README.md")
     args = ap.parse_args(argv)
+    name = args.name or ("judge_capacity_onpolicy" if args.from_runs else "judge_capacity")
+    results_path, block = RESULTS.with_name(name + ".json"), name.replace("_", "-") + "-table"
     if args.table_only:
         from common import write_readme_block
-        write_readme_block("judge-capacity-table", table(json.loads(RESULTS.read_text())))
+        write_readme_block(block, table(json.loads(results_path.read_text())))
         return 0
 
     import torch
@@ -278,11 +327,16 @@ def main(argv=None) -> int:
 
     torch.manual_seed(args.seed)
     WORK.mkdir(parents=True, exist_ok=True)
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
     results.setdefault("cells", {})
     t0 = time.time()
-    train_rows = judged_steps(episodes(POOL, args.per_task, args.seed))
-    test_rows = judged_steps(episodes(HELD_OUT, args.test_per_task, args.seed + 1))
+    if args.from_runs:
+        train_rows, test_rows = onpolicy(args.from_runs, args.max_train, args.max_test,
+                                         args.seed)
+        results["runs"] = [str(r) for r in args.from_runs]
+    else:
+        train_rows = judged_steps(episodes(POOL, args.per_task, args.seed))
+        test_rows = judged_steps(episodes(HELD_OUT, args.test_per_task, args.seed + 1))
     say(f"data: {len(train_rows)} train steps ({sum(r['label'] > 0 for r in train_rows)} "
         f"labelled +1), {len(test_rows)} held-out ({sum(r['label'] > 0 for r in test_rows)} "
         f"+1), {time.time() - t0:.1f}s")
@@ -290,7 +344,7 @@ def main(argv=None) -> int:
     model, tok = load(resolve_model(args.model))
     rows = train_rows + test_rows
     prompts, at = encode(tok, rows)
-    cache_file = WORK / f"cache-k{args.k}-s{args.seed}-{len(rows)}.pt"
+    cache_file = WORK / f"cache-{name}-k{args.k}-s{args.seed}-{len(rows)}.pt"
     if cache_file.exists():
         last, cache = torch.load(cache_file)
     else:
@@ -301,10 +355,13 @@ def main(argv=None) -> int:
     lengths = [len(p) for p in prompts]
     # the top-K copy computes the whole model's verdict (fp32, tight tolerance)
     top = top_model(model, args.k)
+    # (the shortest prompt ran right-padded in its batch)
     with torch.no_grad():
-        full = model(input_ids=torch.tensor([prompts[0]]), logits_to_keep=1).logits[0, -1]
-        part = top_logq(top, cache, [0], list(range(full.shape[0])))[0]
-        assert torch.allclose(torch.log_softmax(full, -1), part, atol=1e-3), "top-K mismatch"
+        for i in {0, min(range(len(prompts)), key=lambda j: len(prompts[j]))}:
+            full = model(input_ids=torch.tensor([prompts[i]]), logits_to_keep=1).logits[0, -1]
+            part = top_logq(top, cache, [i], list(range(full.shape[0])))[0]
+            assert torch.allclose(torch.log_softmax(full, -1), part, atol=1e-3), \
+                f"top-K mismatch on prompt {i}"
     del top
 
     n_train = len(train_rows)
@@ -326,7 +383,12 @@ def main(argv=None) -> int:
         "base": base,
         "outcome_as_verdict_heldout": round(balanced_accuracy(
             test_labels, [float(rows[i]["outcome"] > 0) for i in test_idx], None), 4)})
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    if args.from_runs:  # what the runs' own judges said on these steps (ties left out)
+        said = [i for i in test_idx if rows[i]["verdict"] != 0]
+        results["loop_verdicts_heldout"] = round(balanced_accuracy(
+            [labels[i] for i in said], [float(rows[i]["verdict"] > 0) for i in said],
+            None), 4)
+    results_path.write_text(json.dumps(results, indent=1) + "\n")
 
     rng = random.Random(args.seed)
     order = list(range(n_train))
@@ -336,7 +398,7 @@ def main(argv=None) -> int:
     layers = len(last[0])
     results["probes"] = {str(n): [round(probe(last, order[:n], labels, test_idx, layer), 4)
                                   for layer in range(layers)] for n in grid if n <= n_train}
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    results_path.write_text(json.dumps(results, indent=1) + "\n")
     say("probes (best layer per N): " + ", ".join(
         f"N={n}: {max(v):.3f}" for n, v in results["probes"].items()))
 
@@ -361,12 +423,12 @@ def main(argv=None) -> int:
         cell.update({"target": target, "objective": objective, "lr": lr, "n": n,
                      "epochs": epochs})
         results["cells"][key] = cell
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        results_path.write_text(json.dumps(results, indent=1) + "\n")
         say(f"{key}: greedy {cell['heldout_bal_acc_greedy']:.3f}, T0.8 "
             f"{cell['heldout_bal_acc_t08']:.3f} ({cell['train_seconds']:.0f}s)")
     if args.readme:
         from common import write_readme_block
-        write_readme_block("judge-capacity-table", table(results))
+        write_readme_block(block, table(results))
     return 0
 
 

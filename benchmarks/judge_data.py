@@ -88,3 +88,33 @@ def balanced_accuracy(labels: list[int], p_pos: list[float], temperature: float 
         if members:
             per.append(sum(members) / len(members))
     return sum(per) / len(per)
+
+
+def policy_steps(runs: list[Path]) -> list[dict]:
+    """The policy's own judged steps of loop runs (every `iter_*` with judgments), as
+    `judged_steps`' rows plus `verdict`: the sign of the judge's m samples' sum as the loop
+    rewarded it (0 for a tie). Steps without an env label or without samples are left out."""
+    import json
+
+    rows = []
+    for run in runs:
+        for it in sorted(Path(run).glob("iter_*")):
+            if not (it / "judgments.jsonl").exists():
+                continue
+            labels, outcome = {}, {}
+            for line in (it / "trajectories.jsonl").read_text().splitlines():
+                t = json.loads(line)
+                outcome[t["traj_id"]] = t["outcome"]
+                for k, s in enumerate(t["steps"]):
+                    labels[(t["traj_id"], k)] = (s.get("info") or {}).get("label")
+            for line in (it / "judgments.jsonl").read_text().splitlines():
+                j = json.loads(line)
+                for s in j["steps"]:
+                    label = labels.get((j["traj_id"], s["step"]))
+                    if label is None or not s["samples"]:
+                        continue
+                    v = sum(x["score"] or 0 for x in s["samples"])
+                    rows.append({"messages": s["judge_messages"], "label": int(label),
+                                 "outcome": outcome[j["traj_id"]], "task": j["task_id"],
+                                 "verdict": (v > 0) - (v < 0)})
+    return rows
