@@ -93,7 +93,8 @@ def balanced_accuracy(labels: list[int], p_pos: list[float], temperature: float 
 def policy_steps(runs: list[Path]) -> list[dict]:
     """The policy's own judged steps of loop runs (every `iter_*` with judgments), as
     `judged_steps`' rows plus `verdict`: the sign of the judge's m samples' sum as the loop
-    rewarded it (0 for a tie). Steps without an env label or without samples are left out."""
+    rewarded it (0 for a tie), and `at`: (iteration directory, traj_id, step). Steps without
+    an env label or without samples are left out."""
     import json
 
     rows = []
@@ -116,5 +117,6 @@ def policy_steps(runs: list[Path]) -> list[dict]:
                     v = sum(x["score"] or 0 for x in s["samples"])
                     rows.append({"messages": s["judge_messages"], "label": int(label),
                                  "outcome": outcome[j["traj_id"]], "task": j["task_id"],
-                                 "verdict": (v > 0) - (v < 0)})
+                                 "verdict": (v > 0) - (v < 0),
+                                 "at": (str(it), j["traj_id"], s["step"])})
     return rows

@@ -141,8 +141,9 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--name", help="write benchmarks/results/NAME.json")
     args = ap.parse_args(argv)
-    result = {"runs": [str(r) for r in args.runs], "by_goal_object": summarize(args.runs)}
-    print(json.dumps(result["by_goal_object"], indent=1))
+    result = {"runs": [str(r) for r in args.runs], "by_goal_object": summarize(args.runs),
+              "by_run": {r.name: summarize([r])["all"] for r in args.runs}}
+    print(json.dumps({k: result[k] for k in ("by_goal_object", "by_run")}, indent=1))
     if args.name:
         from common import save
         save(args.name, {"what": "balanced accuracy against the env's step labels on the "
