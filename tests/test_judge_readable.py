@@ -8,6 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import judge_capacity  # noqa: E402
 import judge_data  # noqa: E402
+import judge_onpolicy  # noqa: E402
 import judge_readable  # noqa: E402
 
 from conftest import write_jsonl  # noqa: E402
@@ -37,17 +38,24 @@ def test_the_rule_reads_every_label_where_the_goal_object_is_in_view_or_carried(
 def _run(tmp_path, trajs, verdict_of) -> Path:
     """A loop run directory whose iteration holds `trajs` judged with verdict_of(label)."""
     from rlany.prompts import step_prompts
+    from rlany.stages.score import ScoreOptions, score_group
 
     it = tmp_path / "run" / "iter_000"
     it.mkdir(parents=True)
     write_jsonl(it / "trajectories.jsonl", trajs)
     judgments = [Judgment(traj_id=t.traj_id, task_id=t.task_id, judge={"model": "test"},
                           steps=[StepJudgment(step=k, judge_messages=m, samples=[
-                              JudgeSample(text="v", score=v)
+                              JudgeSample(text="\\boxed{+1}" if v > 0 else "\\boxed{-1}",
+                                          score=v)
                               for v in verdict_of(int(s.info["label"]))])
                               for k, (s, m) in enumerate(zip(t.steps, step_prompts(t, 1, 1)))])
                  for t in trajs]
     write_jsonl(it / "judgments.jsonl", judgments)
+    by_task: dict = {}
+    for t, j in zip(trajs, judgments):
+        by_task.setdefault(t.task_id, []).append((t.task_id, t, j))
+    write_jsonl(it / "scored.jsonl", [s for group in by_task.values()
+                                      for s in score_group(group, ScoreOptions())[0]])
     return tmp_path / "run"
 
 
@@ -70,3 +78,24 @@ def test_a_runs_judged_steps_are_read_back_with_their_labels_and_verdicts(tmp_pa
     small = judge_capacity.onpolicy([right], 5, 3, seed=1)
     assert [len(x) for x in small] == [5, 3]
     assert small == judge_capacity.onpolicy([right], 5, 3, seed=1)
+
+
+def test_judge_onpolicy_trains_on_exactly_the_sampled_steps_toward_their_label(tmp_path):
+    from rlany.jsonl import JsonlReader
+    from rlany.prompts import VERDICT_CHOICES
+    from rlany.records import Scored
+    from rlany.training.verdict import verdict_samples
+
+    trajs = _episodes(seed=5, per_task=2)[:40]
+    run = _run(tmp_path, trajs, lambda lab: [1, 1])
+    rows = judge_data.policy_steps([run])
+    train, _ = judge_capacity.onpolicy([run], 15, 5, seed=2)
+    for target in ("label", "outcome"):
+        path = tmp_path / f"{target}.jsonl"
+        assert judge_onpolicy.train_file(train, target, path) == 15
+        records = [r for _, r in JsonlReader(path, Scored, "scored", name=target)]
+        got = sorted(s.target for s in verdict_samples(records, VERDICT_CHOICES))
+        want = sorted(float(r["label" if target == "label" else "outcome"]) for r in train)
+        assert got == want and len(rows) > 15
+        assert len({r.traj_id for r in records}) == len(records)
+        assert all(r.task_id.startswith("run.") for r in records)
