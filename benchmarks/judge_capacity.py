@@ -279,7 +279,7 @@ def table(results: dict) -> str:
               f"{results.get('forward_seconds_per_prompt', '?')} s per prompt "
               f"(mean {results['prompt_tokens_mean']} tokens"
               + (f"; {results['forward_note']}" if results.get("forward_note") else "")
-              + "). One seed."]
+              + "; fp32). One seed."]
     return "\n".join(lines) + "\n"
 
 

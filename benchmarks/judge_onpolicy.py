@@ -65,6 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--target", choices=("label", "outcome"), default="label")
+    ap.add_argument("--model", default="smollm2", help="the judge (a name or a local path): "
+                    "a bigger one tested on the saved steps before any loop run")
     ap.add_argument("--max-train", type=int, default=2048)
     ap.add_argument("--max-test", type=int, default=768)
     ap.add_argument("--seed", type=int, default=0)
@@ -85,13 +87,13 @@ def main(argv=None) -> int:
     t0 = time.time()
     if not (adapter / "adapter_config.json").exists():
         subprocess.run([sys.executable, "-m", "rlany", "train-rm", "-i", str(data), "-o",
-                        str(adapter), "--model", "smollm2", "--objective", "logloss",
+                        str(adapter), "--model", args.model, "--objective", "logloss",
                         "--lr", str(args.lr), "--epochs", str(args.epochs),
                         "--lr-schedule", "cosine", "--micro-batch", "8", "--grad-accum", "1",
                         "--target-modules", "q_proj,v_proj", "--seed", str(args.seed)],
                        check=True)
     train_seconds = round(time.time() - t0, 1)
-    base_path = resolve_model("smollm2")
+    base_path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(base_path)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     prompts, at = encode(tok, test)
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
                         "auc": auc(labels, p),
                         "pos_share": round(sum(x > 0.5 for x in p) / len(p), 4)}
     said = [r for r in test if r["verdict"] != 0]
-    result = {"runs": [str(r) for r in args.runs], "target": args.target,
+    result = {"runs": [str(r) for r in args.runs], "model": args.model, "target": args.target,
               "train_steps": steps, "heldout_steps": len(test),
               "heldout_pos_share": round(sum(x > 0 for x in labels) / len(labels), 4),
               "epochs": args.epochs, "lr": args.lr, "seed": args.seed,
