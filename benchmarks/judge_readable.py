@@ -6,10 +6,11 @@ For each judged step of the given loop runs (household "put X in/on the Y" tasks
 `examples/household/mid.toml`), three verdicts against the env's label
 (trajectories' `steps[t].info.label`, +1 iff the step lies on a shortest plan):
 * the judge's, as the loop rewarded it: the sign of its m samples' sum (ties left out);
-* `rule`'s: a dozen lines that read only the judge prompt's goal line, what the agent saw
-  (the room's receptacles, which are closed, the open ones' contents, what it carries) and
-  its response, and follow the shortest plans the visible state implies (the env's planner,
-  `rlany.envs.household_plan`: holding is unlimited, other objects never matter);
+* `rule`'s: it reads only the judge prompt's goal line, what the agent saw (the room's
+  receptacles, which are closed, the open ones' contents, what it carries) and its
+  response, and follows the shortest plans the visible state implies (as the env's
+  planner, `rlany.envs.household_plan`, has them: holding is unlimited, other objects never
+  matter);
 * the outcome's: the episode's success as the verdict (what consistency feedback teaches).
 Balanced accuracy of each, overall and by where the goal object is (carried, in view, out
 of view: then inside a closed receptacle, where with two closed ones the label depends on
