@@ -384,10 +384,9 @@ def main(argv=None) -> int:
         "outcome_as_verdict_heldout": round(balanced_accuracy(
             test_labels, [float(rows[i]["outcome"] > 0) for i in test_idx], None), 4)})
     if args.from_runs:  # what the runs' own judges said on these steps (ties left out)
-        said = [i for i in test_idx if rows[i]["verdict"] != 0]
-        results["loop_verdicts_heldout"] = round(balanced_accuracy(
-            [labels[i] for i in said], [float(rows[i]["verdict"] > 0) for i in said],
-            None), 4)
+        from judge_data import loop_verdict_accuracy
+        results["loop_verdicts_heldout"] = round(loop_verdict_accuracy(
+            [rows[i] for i in test_idx]), 4)
     results_path.write_text(json.dumps(results, indent=1) + "\n")
 
     rng = random.Random(args.seed)

@@ -120,3 +120,10 @@ def policy_steps(runs: list[Path]) -> list[dict]:
                                  "verdict": (v > 0) - (v < 0),
                                  "at": (str(it), j["traj_id"], s["step"])})
     return rows
+
+
+def loop_verdict_accuracy(rows: list[dict]) -> float:
+    """Balanced accuracy of `policy_steps` rows' own loop verdicts (ties left out)."""
+    said = [r for r in rows if r["verdict"] != 0]
+    return balanced_accuracy([r["label"] for r in said],
+                             [float(r["verdict"] > 0) for r in said], None)

@@ -47,8 +47,8 @@ def train_file(rows: list[dict], target: str, path: Path) -> int:
                 continue
             for step in rec["steps"]:
                 value = want.get((it, rec["traj_id"], step["step"]))
-                step["rm_target"] = value if value else None
-                n += value is not None and value != 0
+                step["rm_target"] = value or None  # 0 (or not sampled): no target
+                n += bool(value)
             rec["task_id"] = f"{tag}.{rec['task_id']}"
             rec["traj_id"] = traj_id(rec["task_id"], rec["iteration"], rec["sample"])
             out.append(json.dumps(rec))
@@ -58,7 +58,7 @@ def train_file(rows: list[dict], target: str, path: Path) -> int:
 
 def main(argv=None) -> int:
     from judge_capacity import onpolicy
-    from judge_data import balanced_accuracy, encode
+    from judge_data import balanced_accuracy, encode, loop_verdict_accuracy
     from judge_heldout import auc, p_positive
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     data, adapter = args.out / "train.jsonl", args.out / "rm"
     steps = train_file(train, args.target, data)
-    t0 = time.time()
+    t0, train_seconds = time.time(), None  # None: an adapter of an earlier call reused
     if not (adapter / "adapter_config.json").exists():
         subprocess.run([sys.executable, "-m", "rlany", "train-rm", "-i", str(data), "-o",
                         str(adapter), "--model", args.model, "--objective", "logloss",
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
                         "--lr-schedule", "cosine", "--micro-batch", "8", "--grad-accum", "1",
                         "--target-modules", "q_proj,v_proj", "--seed", str(args.seed)],
                        check=True)
-    train_seconds = round(time.time() - t0, 1)
+        train_seconds = round(time.time() - t0, 1)
     base_path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(base_path)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -106,15 +106,12 @@ def main(argv=None) -> int:
         judges[name] = {"bal_acc": round(balanced_accuracy(labels, p, None), 4),
                         "auc": auc(labels, p),
                         "pos_share": round(sum(x > 0.5 for x in p) / len(p), 4)}
-    said = [r for r in test if r["verdict"] != 0]
     result = {"runs": [str(r) for r in args.runs], "model": args.model, "target": args.target,
               "train_steps": steps, "heldout_steps": len(test),
               "heldout_pos_share": round(sum(x > 0 for x in labels) / len(labels), 4),
               "epochs": args.epochs, "lr": args.lr, "seed": args.seed,
               "train_seconds": train_seconds, "judges": judges,
-              "loop_verdicts": round(balanced_accuracy(
-                  [r["label"] for r in said], [float(r["verdict"] > 0) for r in said],
-                  None), 4),
+              "loop_verdicts": round(loop_verdict_accuracy(test), 4),
               "outcome_as_verdict": round(balanced_accuracy(
                   labels, [float(r["outcome"] > 0) for r in test], None), 4)}
     (args.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -26,7 +26,6 @@ import argparse
 import json
 import re
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -48,12 +47,21 @@ def _receptacles(seen: str) -> dict[str, tuple[bool, str]]:
     return out
 
 
-def where(prompt: str) -> str | None:
-    """Where the goal object is, as the prompt shows it (None: not a put-in/on task)."""
+def _goal(prompt: str) -> tuple[str, str, str] | None:
+    """(goal object, target type, what the agent saw) of a put-in/on task's judge prompt."""
     goal = re.search(r"Your task is to: put an? (\w+) in/on the (\w+)\.", prompt)
     if goal is None:
         return None
-    seen, obj = _section(prompt, "What the agent saw at this step"), goal.group(1)
+    return goal.group(1), goal.group(2), _section(prompt, "What the agent saw at this step")
+
+
+def where(prompt: str) -> str | None:
+    """Where the goal object is, as the prompt shows it (None: not a put-in/on task)."""
+    goal = _goal(prompt)
+    return None if goal is None else _where(goal[0], goal[2])
+
+
+def _where(obj: str, seen: str) -> str:
     carry = re.search(r"You carry: (.*)", seen).group(1)
     if re.search(rf"\b{obj} \d", carry):
         return "carried"
@@ -63,17 +71,16 @@ def where(prompt: str) -> str | None:
 def rule(prompt: str) -> int | None:
     """+1 / -1 from the prompt alone: the step of the shortest plan the visible state
     implies (None: not a put-in/on task)."""
-    goal = re.search(r"Your task is to: put an? (\w+) in/on the (\w+)\.", prompt)
+    goal = _goal(prompt)
     if goal is None:
         return None
-    obj, target = goal.groups()
-    seen = _section(prompt, "What the agent saw at this step")
+    obj, target, seen = goal
     act = _section(prompt, "The agent's response at this step").strip()
     recs = _receptacles(seen)
     at = re.search(r"You are at (\w+ \d+)", seen)
     at = at.group(1) if at else None
     held = re.search(r"You carry: (.*)", seen).group(1)  # what else it holds never matters
-    place = where(prompt)
+    place = _where(obj, seen)
     targets = [r for r in recs if r.split()[0] == target]
     open_targets = [r for r in targets if not recs[r][0]]
     if place == "carried":
@@ -102,39 +109,46 @@ def rule(prompt: str) -> int | None:
 
 
 def balanced(pairs: list[tuple[int, int]]) -> float | None:
-    """Mean over the labels +1 and -1 of the verdicts' accuracy (None: a class missing)."""
-    per = []
-    for cls in (1, -1):
-        got = [v == lab for v, lab in pairs if lab == cls]
-        if not got:
-            return None
-        per.append(sum(got) / len(got))
-    return round(sum(per) / 2, 3)
+    """Balanced accuracy of (+1 / -1 verdict, label) pairs (None: a class missing)."""
+    from judge_data import balanced_accuracy
+
+    if len({lab for _, lab in pairs}) < 2:
+        return None
+    return round(balanced_accuracy([lab for _, lab in pairs],
+                                   [float(v > 0) for v, _ in pairs], None), 3)
+
+
+def verdicts(rows: list[dict]) -> list[tuple]:
+    """(where, loop judge, rule, label, outcome) of each put-in/on step of `policy_steps`
+    rows (the outcome as a verdict: +1 success, else -1)."""
+    out = []
+    for row in rows:
+        prompt = row["messages"][-1]["content"]
+        place = where(prompt)
+        if place is not None:
+            out.append((place, row["verdict"], rule(prompt), row["label"],
+                        1 if row["outcome"] > 0 else -1))
+    return out
+
+
+def table(steps: list[tuple]) -> dict:
+    """`verdicts`' steps summarized, all together and by where the goal object is."""
+    out = {}
+    for key in ("all", *WHERE):
+        rows = [s for s in steps if key in ("all", s[0])]
+        if rows:
+            out[key] = {"steps": len(rows), "share": round(len(rows) / len(steps), 3),
+                        "label_positive": round(sum(s[3] > 0 for s in rows) / len(rows), 3),
+                        "judge": balanced([(s[1], s[3]) for s in rows if s[1] != 0]),
+                        "rule": balanced([(s[2], s[3]) for s in rows]),
+                        "outcome": balanced([(s[4], s[3]) for s in rows])}
+    return out
 
 
 def summarize(runs: list[Path]) -> dict:
     from judge_data import policy_steps
 
-    by = defaultdict(list)
-    for row in policy_steps(runs):
-        prompt = row["messages"][-1]["content"]
-        place = where(prompt)
-        if place is not None:
-            for key in ("all", place):
-                by[key].append((prompt, row["verdict"], row["label"],
-                                1 if row["outcome"] > 0 else -1))
-    out = {}
-    for key in ("all", *WHERE):
-        rows = by.get(key, [])
-        if not rows:
-            continue
-        out[key] = {"steps": len(rows),
-                    "share": round(len(rows) / len(by["all"]), 3),
-                    "label_positive": round(sum(r[2] > 0 for r in rows) / len(rows), 3),
-                    "judge": balanced([(r[1], r[2]) for r in rows if r[1] != 0]),
-                    "rule": balanced([(rule(r[0]), r[2]) for r in rows]),
-                    "outcome": balanced([(r[3], r[2]) for r in rows])}
-    return out
+    return table(verdicts(policy_steps(runs)))
 
 
 def main(argv=None) -> int:
@@ -142,8 +156,12 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--name", help="write benchmarks/results/NAME.json")
     args = ap.parse_args(argv)
-    result = {"runs": [str(r) for r in args.runs], "by_goal_object": summarize(args.runs),
-              "by_run": {r.name: summarize([r])["all"] for r in args.runs}}
+    from judge_data import policy_steps
+
+    per_run = {r.name: verdicts(policy_steps([r])) for r in args.runs}  # each read once
+    result = {"runs": [str(r) for r in args.runs],
+              "by_goal_object": table([s for steps in per_run.values() for s in steps]),
+              "by_run": {name: table(steps)["all"] for name, steps in per_run.items()}}
     print(json.dumps({k: result[k] for k in ("by_goal_object", "by_run")}, indent=1))
     if args.name:
         from common import save
