@@ -18,9 +18,11 @@ Runs are the loop's own run directories (runs/learning/ARM-sSEED): a killed or i
 benchmark resumes where it stopped, and `--report-only` summarizes whatever is complete.
 Runs that the results file already records under the same runs directory and config, and
 whose directories are not here (a fresh clone), stay in the summary as recorded, each with
-the machine it ran on; the plots (-report/) are then left as they were.
-Writes benchmarks/results/learning.json, learning.md (the table) and learning-report/
-(`rlany report`: plots of every run); `--readme` puts the table into benchmarks/README.md.
+the machine it ran on; `rlany report`'s plots (-report/) are then left as they were.
+Writes benchmarks/results/learning.json, learning.md (the table), learning-arms/ (one line
+per arm, mean over seeds with a 95% band, recorded runs included: learning_plots.py) and
+learning-report/ (`rlany report`: plots of every run); `--readme` puts the table into
+benchmarks/README.md.
 The reduced version (a smoke run of the whole benchmark: policy-only and full, seed 0, 2
 iterations) has its own runs (runs/learning-reduced) and results (learning-reduced.*), so it
 never resumes or overwrites the full benchmark's.
@@ -62,6 +64,7 @@ from common import (  # noqa: E402
     save,
     write_readme_block,
 )
+from learning_plots import draw as draw_arms  # noqa: E402
 from learning_summary import (  # noqa: E402
     ARMS,
     arm_summary,
@@ -197,6 +200,8 @@ def main() -> dict:
     else:
         subprocess.run([sys.executable, "-m", "rlany", "report", *run_dirs, "-o", str(report)],
                        check=False)
+    # one line per arm from the records, so runs made elsewhere are drawn too
+    draw_arms(by_arm, RESULTS / f"{bench}-arms")
     if args.readme:
         write_readme_block(f"{bench}-table", text)
     result = {"metric": "held-out success per arm, pooled over seeds (base -> final)",

@@ -153,7 +153,7 @@ def with_recorded(by_arm: dict[str, list[dict]], recorded: dict[str, list[dict]]
 
     def order(arm: str) -> tuple[int, str]:
         base, _, tag = arm.partition(" [")
-        return (list(ARMS).index(base) if base in ARMS else len(ARMS), tag)
+        return (list(ARMS).index(base) if base in ARMS else len(ARMS), tag.rstrip("]"))
     return ({arm: sorted(merged[arm], key=lambda r: r["seed"]) for arm in
              sorted(merged, key=order)}, sorted(kept))
 

@@ -1,0 +1,137 @@
+"""The learning benchmark's arm plots: one line per arm, the mean over its seeds with a 95%
+band, the legend beside the axes (off the data).
+
+Drawn from the benchmark's per-run records (learning_summary.summarize_run, the results
+JSON's "runs"), not from the run directories, so runs that only the committed results
+record (made on another machine) are drawn too. Panels, each only where some arm has data:
+
+    arms_success.png        held-out success: base model, warm start, each evaluation;
+                            pooled over seeds, band: the pooled 95% Wilson interval
+                            (the table's)
+    arms_judge_rollouts.png the judge's balanced step accuracy on the rollouts it judged,
+                            per iteration; band: 95% t-interval over seeds (2+ seeds)
+    arms_judge_heldout.png  the judge's balanced accuracy on fixed held-out labelled steps
+                            (judge_heldout.py): the judge the run started from (base or
+                            warm-started) and after each iteration; same band
+    arms_accepted_tasks.png accepted new tasks per iteration (full); same band
+    arms_rm_samples.png     reward-model samples trained per iteration; same band
+
+`rlany report` (the -report/ directory's other plots) draws each run's own details.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from statistics import fmean
+
+from learning_summary import _t_interval
+
+from rlany.stages.eval import wilson_interval
+
+PANELS = {
+    "success": "held-out success (band: pooled 95% Wilson)",
+    "judge_rollouts": "judge step accuracy on its rollouts (band: 95% t over seeds)",
+    "judge_heldout": "judge step accuracy, held-out steps (band: 95% t over seeds)",
+    "accepted_tasks": "accepted new tasks (band: 95% t over seeds)",
+    "rm_samples": "reward-model samples trained (band: 95% t over seeds)",
+}
+X_LABEL = {"success": "held-out evaluation",
+           "judge_heldout": "iteration (-1: the judge the run started from)"}
+SUCCESS_TICKS = {-2: "base model", -1: "warm start"}
+
+
+def _success(run: dict) -> dict[int, tuple[int, int]]:
+    """x -> (successes, episodes): the base model at -2, the warm start at -1, and each
+    evaluation after iteration k at k."""
+    points = {-2: (run["base"]["successes"], run["base"]["episodes"])}
+    if run.get("init"):
+        points[-1] = (run["init"]["successes"], run["init"]["episodes"])
+    for c in run["curve"]:
+        if c["iteration"] >= 0:
+            points[c["iteration"]] = (c["successes"], c["episodes"])
+    return points
+
+
+def _per_iteration(run: dict, panel: str) -> dict[int, float]:
+    """x -> one run's value of a per-iteration panel (absent where it has none)."""
+    if panel == "judge_rollouts":
+        values = [(j or {}).get("label_accuracy") for j in run.get("judge_on_rollouts") or []]
+    elif panel == "judge_heldout":
+        # the judge the run started from (a warm-started one's "warm", else "base") at -1
+        judges = ((run.get("judge_heldout") or {}).get("judges")) or {}
+        start = "warm" if "warm" in judges else "base"
+        return {(-1 if name == start else int(name[5:])): j["bal_acc"]
+                for name, j in judges.items()
+                if (name == start or name.startswith("iter_")) and j.get("bal_acc") is not None}
+    else:
+        values = run.get(panel) or []
+    return {i: v for i, v in enumerate(values) if v is not None}
+
+
+def arm_lines(by_arm: dict[str, list[dict]], panel: str) -> list[dict]:
+    """Per arm with data in this panel: its label (with the number of seeds), x, the mean
+    over seeds (success: pooled) and the band (lo, hi), None where it has no interval."""
+    out = []
+    for arm, runs in by_arm.items():
+        if panel == "success":
+            data = [_success(r) for r in runs]
+            xs = sorted({x for d in data for x in d})
+            pooled = [(sum(d[x][0] for d in data if x in d), sum(d[x][1] for d in data if x in d))
+                      for x in xs]
+            ys = [k / n for k, n in pooled]
+            bands = [wilson_interval(k, n) for k, n in pooled]
+        else:
+            data = [_per_iteration(r, panel) for r in runs]
+            xs = sorted({x for d in data for x in d})
+            at = [[d[x] for d in data if x in d] for x in xs]
+            ys = [fmean(v) for v in at]
+            bands = [_t_interval(v) for v in at]
+        if not xs or (panel == "accepted_tasks" and not any(ys)):
+            continue
+        seeds = sum(1 for d in data if d)  # the seeds with data in this panel
+        out.append({"arm": arm, "label": f"{arm} ({seeds} seed{'s' if seeds > 1 else ''})",
+                    "x": xs, "y": ys, "band": bands})
+    return out
+
+
+def draw(by_arm: dict[str, list[dict]], out: Path) -> list[Path]:
+    """Write the panels that have data into `out` (made if absent) and remove an earlier
+    panel that no longer has any; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {arm: colors[i % len(colors)] for i, arm in enumerate(by_arm)}  # one per arm
+    written = []
+    for panel, title in PANELS.items():
+        path = out / f"arms_{panel}.png"
+        lines = arm_lines(by_arm, panel)
+        if not lines:
+            path.unlink(missing_ok=True)
+            continue
+        # success: the evaluations evenly spaced, by name; the others: the iteration
+        ticks = sorted({x for line in lines for x in line["x"]})
+        at = {x: ticks.index(x) for x in ticks} if panel == "success" else {x: x for x in ticks}
+        fig, ax = plt.subplots(figsize=(7.5, 3.4))
+        for line in lines:
+            xs, c = [at[x] for x in line["x"]], color[line["arm"]]
+            ax.plot(xs, line["y"], marker="o", label=line["label"], color=c)
+            if any(line["band"]):
+                ax.fill_between(xs, [b[0] if b else y for b, y in zip(line["band"], line["y"])],
+                                [b[1] if b else y for b, y in zip(line["band"], line["y"])],
+                                alpha=0.18, color=c, linewidth=0)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(X_LABEL.get(panel, "iteration"), fontsize=8)
+        if panel == "success":
+            ax.set_xticks(range(len(ticks)),
+                          [SUCCESS_TICKS.get(x, f"after {x + 1} iter.") for x in ticks], fontsize=8)
+        else:
+            ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return written
