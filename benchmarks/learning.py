@@ -76,7 +76,10 @@ from learning_summary import (  # noqa: E402
     with_recorded,
 )
 
-HOUSEHOLD_LEARN = "household/learn.toml"  # judge_heldout.py's steps are this config's
+# judge_heldout.py's held-out steps per household config (its judge prompts are both's)
+HELDOUT_ARGS = {"household/learn.toml": [],
+                "household/mid.toml": ["--tasks", "examples/household/mid_eval.jsonl",
+                                       "--max-steps", "8", "--per-task", "2"]}
 
 
 def rlany(*args: str, what: str | None = None) -> None:
@@ -163,12 +166,13 @@ def main() -> dict:
                 run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
                 run = Path(args.runs_dir) / name
                 judged = "--rm-training" in ARMS[arm] or args.judge_warm_start
-                if (judged and HOUSEHOLD_LEARN in args.config
+                heldout = next((a for c, a in HELDOUT_ARGS.items() if c in args.config), None)
+                if (judged and heldout is not None
                         and not (run / "judge_heldout.json").exists()):
                     # the trained judges on fixed held-out labelled steps: judge_gain
                     subprocess.run([sys.executable, str(Path(__file__).parent /
-                                                        "judge_heldout.py"), str(run)],
-                                   check=True)
+                                                        "judge_heldout.py"), str(run),
+                                    *heldout], check=True)
     # every evaluated run there, not only these, and the runs the committed results recorded
     # there whose directories this machine does not have
     earlier = RESULTS / f"{bench}.json"

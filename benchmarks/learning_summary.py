@@ -264,21 +264,24 @@ def cost_ratios(arms: dict) -> dict | None:
 def headline(by_arm: dict[str, list[dict]]) -> dict:
     """The two figures the judge's issue asks of a config, each with its 95% interval:
     `judge_gain`, the held-out judge step accuracy (judge_heldout.py: fixed labelled steps)
-    final minus base under consistency feedback alone (the +rm arm: no labels anywhere),
-    mean over seeds (t-interval over seeds; one seed: its bootstrap over tasks); and
+    final minus base under consistency feedback alone (the +rm arm, else +rm [warm]: the
+    policy warm-started on expert demonstrations, the judge's labels nowhere), mean over
+    seeds (t-interval over seeds; one seed: its bootstrap over tasks); and
     `full_minus_policy_only`, final held-out success pooled over seeds (Newcombe)."""
     out: dict = {"judge_gain": None, "full_minus_policy_only": None}
+    rm = next((a for a in ("+rm", "+rm [warm]")
+               if any(r.get("judge_heldout") for r in by_arm.get(a, []))), None)
     finals = [r["judge_heldout"]["judges"][r["judge_heldout"]["final"]]
-              for r in by_arm.get("+rm", []) if r.get("judge_heldout")
+              for r in by_arm.get(rm, []) if r.get("judge_heldout")
               and r["judge_heldout"].get("final")]
     if finals:
         gains = [f["gain"] for f in finals]
         out["judge_gain"] = {"value": round(sum(gains) / len(gains), 4),
                              "ci95": _t_interval(gains) if len(gains) > 1
                              else finals[0]["gain_ci95"],
-                             "per_seed": gains, "seeds": len(gains),
+                             "per_seed": gains, "seeds": len(gains), "arm": rm,
                              "base": [r["judge_heldout"]["judges"]["base"]["bal_acc"]
-                                      for r in by_arm["+rm"] if r.get("judge_heldout")]}
+                                      for r in by_arm[rm] if r.get("judge_heldout")]}
     # every arm's final held-out success against its policy-only baseline's (`baseline`:
     # warm-started arms against policy-only [warm]; the +step [label] upper bound's
     # included), pooled over seeds, Newcombe

@@ -105,3 +105,23 @@ def test_seconds_compare_only_between_arms_that_ran_on_the_same_hosts():
     for r in runs:
         r["final"] = {**r["final"], **run_final, "judge_step_accuracy": None}
     assert arm_summary(runs)["hosts"] == ["", "a"]
+
+
+def _judged(final: int, gain: float) -> dict:
+    run = _run(final, True)
+    run["judge_heldout"] = {"final": "iter_002", "judges": {
+        "base": {"bal_acc": 0.5}, "iter_002": {"bal_acc": 0.5 + gain, "gain": gain,
+                                                "gain_ci95": [gain - 0.05, gain + 0.05]}}}
+    return run
+
+
+def test_judge_gain_comes_from_the_label_free_rm_arm_untagged_else_warm_started():
+    warm = {"policy-only [warm]": [_run(50, True)],
+            "+rm [warm]": [_judged(50, 0.10), _judged(52, 0.20)],
+            "full [warm-judge-warm]": [_judged(50, 0.30)]}  # supervised judge: not counted
+    gain = headline(warm)["judge_gain"]
+    assert gain["arm"] == "+rm [warm]" and gain["seeds"] == 2
+    assert abs(gain["value"] - 0.15) < 1e-9 and gain["ci95"][0] < 0.15 < gain["ci95"][1]
+    one = headline({**warm, "+rm": [_judged(40, 0.05)]})["judge_gain"]
+    assert one["arm"] == "+rm" and one["ci95"] == [0.0, 0.1]  # one seed: its bootstrap
+    assert headline({"full [warm-judge-warm]": [_judged(50, 0.3)]})["judge_gain"] is None
