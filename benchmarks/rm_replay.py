@@ -25,7 +25,9 @@ iteration's 137-207 steps place poorly (LOG.md, 2026-11-25).
 
 `--summary NAME RUN=REPLAY ...` writes benchmarks/results/NAME.json (and .md): for each
 pair, the run's final judge and the replay's on the held-out steps, and the mean gain over
-the pairs (seeds) with its 95% t-interval, for the run as it ran and for the replay.
+the pairs (seeds) with its 95% t-interval, for the run as it ran and for the replay; and
+train-rm's seconds, as run over replayed (each optimizer step's own time summed, model
+loading left out; the run's train-rm ran inside its loop process).
 """
 
 from __future__ import annotations
@@ -86,6 +88,14 @@ def final_judge(run: Path) -> dict:
             "base_bal_acc": d["judges"]["base"]["bal_acc"]}
 
 
+def train_seconds(run: Path) -> dict:
+    """train-rm's optimizer steps and their seconds (the sum of each step's own time, model
+    loading left out) over every iteration of a run or replay (iter_*/rm.metrics.jsonl)."""
+    rows = [json.loads(line) for f in sorted(run.glob("iter_*/rm.metrics.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()]
+    return {"steps": len(rows), "seconds": round(sum(r["seconds"] for r in rows), 1)}
+
+
 def summary(name: str, pairs: list[str]) -> int:
     """benchmarks/results/NAME.json and .md from RUN=REPLAY pairs (one per seed)."""
     from common import save
@@ -94,9 +104,13 @@ def summary(name: str, pairs: list[str]) -> int:
     rows = []
     for pair in pairs:
         run, replay = (Path(x) for x in pair.split("=", 1))
+        timed = {"as_run": train_seconds(run), "replayed": train_seconds(replay)}
+        if timed["as_run"]["seconds"] and timed["replayed"]["seconds"]:
+            timed["speedup"] = round(timed["as_run"]["seconds"] / timed["replayed"]["seconds"], 3)
         rows.append({"run": str(run), "replay": str(replay),
                      "overrides": json.loads((replay / "replay.json").read_text())["overrides"],
-                     "as_run": final_judge(run), "replayed": final_judge(replay)})
+                     "as_run": final_judge(run), "replayed": final_judge(replay),
+                     "train_rm": timed})
 
     def mean_gain(key):
         gains = [r[key]["gain"] for r in rows]
@@ -107,19 +121,32 @@ def summary(name: str, pairs: list[str]) -> int:
                       "run's reward-model training as it ran, and replayed on the same saved "
                       "rollouts with other train-rm options (rm_replay.py)",
               "pairs": rows, "judge_gain_as_run": mean_gain("as_run"),
-              "judge_gain_replayed": mean_gain("replayed")}
+              "judge_gain_replayed": mean_gain("replayed"),
+              # the run's train-rm ran inside its loop, the replay's in its own process, on
+              # this machine unless the pairs say otherwise: compare on one host only
+              "train_rm_speedup": {
+                  "value": round(sum(r["train_rm"].get("speedup", 0) for r in rows)
+                                 / len(rows), 3),
+                  "per_seed": [r["train_rm"].get("speedup") for r in rows]}
+              if all(r["train_rm"].get("speedup") for r in rows) else None}
     path = save(name, result)
-    lines = ["| run | as run: bal. acc (AUC) | replayed: bal. acc (AUC) | replay options |",
-             "|---|---|---|---|"]
+    lines = ["| run | as run: bal. acc (AUC) | replayed: bal. acc (AUC) | train-rm s: as run / "
+             "replayed (steps) | replay options |", "|---|---|---|---|---|"]
     for r in rows:
-        a, b = r["as_run"], r["replayed"]
+        a, b, t = r["as_run"], r["replayed"], r["train_rm"]
         lines.append(f"| {Path(r['run']).name} | {a['bal_acc']:.3f} ({a.get('auc', '-')}) | "
                      f"{b['bal_acc']:.3f} ({b.get('auc', '-')}) | "
+                     f"{t['as_run']['seconds']:.0f} / {t['replayed']['seconds']:.0f} "
+                     f"({t['replayed']['steps']}) | "
                      f"{' '.join(f'{k}={v}' for k, v in r['overrides'].items())} |")
     for key, label in (("judge_gain_as_run", "as run"), ("judge_gain_replayed", "replayed")):
         g = result[key]
         ci = "-" if g["ci95"] is None else f"{g['ci95'][0]:+.3f} to {g['ci95'][1]:+.3f}"
         lines.append(f"\njudge_gain {label}: {g['value']:+.3f} (95% {ci}, {len(rows)} seeds)")
+    if result["train_rm_speedup"]:
+        lines.append(f"\ntrain-rm seconds, as run over replayed: "
+                     f"{result['train_rm_speedup']['value']:.2f}x (per seed "
+                     f"{', '.join(f'{v:.2f}' for v in result['train_rm_speedup']['per_seed'])})")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
