@@ -41,7 +41,9 @@ the policy's LoRA shape (RUN/warm_start/). Such a row adds the warm start's own 
 success (eval_init.json) and RL's gain over it. With --judge-warm-start the judge starts
 from a supervised one (rows "ARM [judge-warm]", the loop's `judge_warm_start = true`); its
 held-out step accuracy is judge_heldout.py's "warm" judge. `judge_gain` counts only the
-untagged +rm arm (consistency feedback alone, no labels anywhere).
++rm arm, untagged or else "+rm [warm]" (consistency feedback alone, no labels anywhere).
+The judges of household learn.toml and mid.toml runs are scored on held-out labelled steps
+(judge_heldout.py, HELDOUT_ARGS) when their run ends.
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
 """
 
@@ -159,6 +161,7 @@ def main() -> dict:
     if args.iterations:
         sets.append(f"iterations={args.iterations}")
     started = time.perf_counter()
+    heldout = next((a for c, a in HELDOUT_ARGS.items() if c in args.config), None)
     if not args.report_only:
         for seed in args.seeds:
             for arm in args.arms:
@@ -166,7 +169,6 @@ def main() -> dict:
                 run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
                 run = Path(args.runs_dir) / name
                 judged = "--rm-training" in ARMS[arm] or args.judge_warm_start
-                heldout = next((a for c, a in HELDOUT_ARGS.items() if c in args.config), None)
                 if (judged and heldout is not None
                         and not (run / "judge_heldout.json").exists()):
                     # the trained judges on fixed held-out labelled steps: judge_gain

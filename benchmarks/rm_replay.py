@@ -125,8 +125,7 @@ def summary(name: str, pairs: list[str]) -> int:
               # the run's train-rm ran inside its loop, the replay's in its own process, on
               # this machine unless the pairs say otherwise: compare on one host only
               "train_rm_speedup": {
-                  "value": round(sum(r["train_rm"].get("speedup", 0) for r in rows)
-                                 / len(rows), 3),
+                  "value": round(sum(r["train_rm"]["speedup"] for r in rows) / len(rows), 3),
                   "per_seed": [r["train_rm"].get("speedup") for r in rows]}
               if all(r["train_rm"].get("speedup") for r in rows) else None}
     path = save(name, result)
