@@ -72,8 +72,10 @@ def rule(prompt: str) -> int | None:
     """+1 / -1 from the prompt alone: the step of the shortest plan the visible state
     implies (None: not a put-in/on task)."""
     goal = _goal(prompt)
-    if goal is None:
-        return None
+    return None if goal is None else _rule(prompt, goal)
+
+
+def _rule(prompt: str, goal: tuple[str, str, str]) -> int:
     obj, target, seen = goal
     act = _section(prompt, "The agent's response at this step").strip()
     recs = _receptacles(seen)
@@ -124,10 +126,10 @@ def verdicts(rows: list[dict]) -> list[tuple]:
     out = []
     for row in rows:
         prompt = row["messages"][-1]["content"]
-        place = where(prompt)
-        if place is not None:
-            out.append((place, row["verdict"], rule(prompt), row["label"],
-                        1 if row["outcome"] > 0 else -1))
+        goal = _goal(prompt)  # parsed once for both readings
+        if goal is not None:
+            out.append((_where(goal[0], goal[2]), row["verdict"], _rule(prompt, goal),
+                        row["label"], 1 if row["outcome"] > 0 else -1))
     return out
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import fmean
 
-from learning_summary import _t_interval
+from learning_summary import t_interval
 
 from rlany.stages.eval import wilson_interval
 
@@ -85,7 +85,7 @@ def arm_lines(by_arm: dict[str, list[dict]], panel: str) -> list[dict]:
             xs = sorted({x for d in data for x in d})
             at = [[d[x] for d in data if x in d] for x in xs]
             ys = [fmean(v) for v in at]
-            bands = [_t_interval(v) for v in at]
+            bands = [t_interval(v) for v in at]
         if not xs or (panel == "accepted_tasks" and not any(ys)):
             continue
         seeds = sum(1 for d in data if d)  # the seeds with data in this panel

@@ -162,7 +162,7 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         9: 2.262}  # Student's t, 97.5th percentile, by degrees of freedom
 
 
-def _t_interval(values: list[float]) -> list[float] | None:
+def t_interval(values: list[float]) -> list[float] | None:
     """95% t-interval of the mean over seeds (the spread between seeds, which the pooled
     Wilson interval does not see); None below 2 seeds."""
     n = len(values)
@@ -200,7 +200,7 @@ def arm_summary(runs: list[dict]) -> dict:
             "gain": kf / nf - kb / nb, "gain_ci95": gain_interval(kf, nf, kb, nb),
             "per_seed": [round(r["final"]["success"], 3) for r in runs],
             "gain_per_seed": [round(g, 3) for g in gains],
-            "gain_seeds_t95": _t_interval(gains),
+            "gain_seeds_t95": t_interval(gains),
             "iterations": [r["final"]["iteration"] + 1 for r in runs],
             "judge_step_accuracy": [mean(r["base"]["judge_step_accuracy"] for r in runs),
                                     mean(r["final"]["judge_step_accuracy"] for r in runs)],
@@ -277,7 +277,7 @@ def headline(by_arm: dict[str, list[dict]]) -> dict:
     if finals:
         gains = [f["gain"] for f in finals]
         out["judge_gain"] = {"value": round(sum(gains) / len(gains), 4),
-                             "ci95": _t_interval(gains) if len(gains) > 1
+                             "ci95": t_interval(gains) if len(gains) > 1
                              else finals[0]["gain_ci95"],
                              "per_seed": gains, "seeds": len(gains), "arm": rm,
                              "base": [r["judge_heldout"]["judges"]["base"]["bal_acc"]

@@ -99,7 +99,7 @@ def train_seconds(run: Path) -> dict:
 def summary(name: str, pairs: list[str]) -> int:
     """benchmarks/results/NAME.json and .md from RUN=REPLAY pairs (one per seed)."""
     from common import save
-    from learning_summary import _t_interval
+    from learning_summary import t_interval
 
     rows = []
     for pair in pairs:
@@ -114,7 +114,7 @@ def summary(name: str, pairs: list[str]) -> int:
 
     def mean_gain(key):
         gains = [r[key]["gain"] for r in rows]
-        return {"value": round(sum(gains) / len(gains), 4), "ci95": _t_interval(gains),
+        return {"value": round(sum(gains) / len(gains), 4), "ci95": t_interval(gains),
                 "per_seed": gains}
 
     result = {"what": "held-out judge step accuracy (judge_heldout.py), final minus base: each "
