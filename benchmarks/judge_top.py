@@ -1,5 +1,5 @@
-"""The judge benchmarks' model side (judge_capacity.py, judge_onpolicy.py): SmolLM2's top K
-layers fine-tuned on cached lower-layer states.
+"""judge_capacity.py's model side: SmolLM2's top K layers fine-tuned on cached
+lower-layer states.
 
 One forward pass of the whole model over every prompt keeps (a) the last position's hidden
 state at every layer, for linear probes, and (b) the whole sequence's hidden state entering

@@ -126,7 +126,7 @@ def summary(name: str, pairs: list[str]) -> int:
               # this machine unless the pairs say otherwise: compare on one host only
               "train_rm_speedup": {
                   "value": round(sum(r["train_rm"]["speedup"] for r in rows) / len(rows), 3),
-                  "per_seed": [r["train_rm"].get("speedup") for r in rows]}
+                  "per_seed": [r["train_rm"]["speedup"] for r in rows]}
               if all(r["train_rm"].get("speedup") for r in rows) else None}
     path = save(name, result)
     lines = ["| run | as run: bal. acc (AUC) | replayed: bal. acc (AUC) | train-rm s: as run / "
