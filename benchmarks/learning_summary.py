@@ -17,6 +17,10 @@ ARMS = {  # each arm's `rlany loop` switches, in the order of the table's rows
     "policy-only": ["--no-step-feedback", "--no-rm-training", "--no-env-adaptation"],
     "+step": ["--step-feedback", "--no-rm-training", "--no-env-adaptation", *JUDGED_EVAL],
     "+rm": ["--step-feedback", "--rm-training", "--no-env-adaptation", *JUDGED_EVAL],
+    # task adaptation alone: outcome reward only, no judge (the rewriter reads the env's
+    # account of the episodes), no reward-model training
+    "+adapt": ["--no-step-feedback", "--no-rm-training", "--env-adaptation",
+               "--set", "adapt_tasks.critic=env"],
     "full": ["--step-feedback", "--rm-training", "--env-adaptation", *JUDGED_EVAL],
 }
 
@@ -96,6 +100,7 @@ def summarize_run(run: Path) -> dict | None:
             "final": curve[-1],
             "curve": curve, "train_acc": [m.get("train_acc") for m in metrics],
             "accepted_tasks": [m.get("accepted_tasks") or 0 for m in metrics],
+            "env_loop": [m.get("env_loop") for m in metrics],
             "rm_samples": [m.get("rm_samples") for m in metrics],
             "stage_seconds": [m.get("seconds") for m in metrics],
             "judge_on_rollouts": [judge for judge, _ in views],
@@ -108,7 +113,7 @@ def summarize_run(run: Path) -> dict | None:
             if (run / "config.json").exists() else None}
 
 
-RUN_NAME = re.compile(r"^(policy-only|step|rm|full)(?:-(.+))?-s(\d+)$")
+RUN_NAME = re.compile(r"^(policy-only|step|rm|adapt|full)(?:-(.+))?-s(\d+)$")
 
 
 def collect(runs_dir: Path) -> dict[str, list[dict]]:

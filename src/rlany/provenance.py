@@ -70,6 +70,16 @@ def check_adapt_inputs(stats: str, judgments: str | None, names: tuple[str, str 
                          where=names[1], hint="give the judgments the stats were scored with")
 
 
+def check_scored_from(stats: str, trajectories: str, names: tuple[str, str]) -> None:
+    """adapt-tasks' trajectories (the env's account) must be the ones its stats were scored
+    from, where the stats' sidecar says."""
+    scored_from = _source(sidecar(stats), "score")
+    if scored_from and scored_from != sha256_file(trajectories):
+        raise RlanyError(f"{names[0]} was scored from another trajectories file",
+                         where=names[1], hint="give the trajectories the stats were scored "
+                         "from")
+
+
 def judged_tasks(judgments: str, name: str | None) -> dict[str, str]:
     """task id -> where it is first judged, for checking judgments against the stats."""
     seen: dict[str, str] = {}

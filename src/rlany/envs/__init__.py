@@ -130,6 +130,15 @@ class HasExpert(Protocol):
     def expert_action(self) -> str | None: ...
 
 
+@runtime_checkable
+class MeasuresDifficulty(Protocol):
+    """Measures a task's difficulty as named numbers (household: plan_length and size,
+    larger is harder, and the step limit max_steps); `adapt-tasks` reports the pool's
+    means per iteration."""
+
+    def difficulty(self, spec: dict) -> dict[str, float]: ...
+
+
 # name -> "module:attribute" of a class/factory taking no arguments
 BUILTIN = {
     "reasoning": "rlany.envs.reasoning:ReasoningEnv",

@@ -162,6 +162,12 @@ class HouseholdEnv:
 
         return edits(spec, direction)
 
+    def difficulty(self, spec: dict) -> dict[str, float]:
+        """plan_length (a shortest plan), size (rooms + receptacles + objects), max_steps."""
+        from rlany.envs.household_edits import difficulty
+
+        return difficulty(spec)
+
     def _distance(self) -> int | None:
         from rlany.envs.household_plan import distance
 

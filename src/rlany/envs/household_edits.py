@@ -77,6 +77,16 @@ def edits(spec: dict, direction: str) -> list:
     return out
 
 
+def difficulty(spec: dict) -> dict[str, float]:
+    """The difficulty key as named numbers (`MeasuresDifficulty`); {} for a spec without
+    a plan."""
+    plan = expert_actions(spec) if not _check_shape(spec) else None
+    if not plan:
+        return {}
+    d, size, neg_steps = _key(spec, len(plan))
+    return {"plan_length": d, "size": size, "max_steps": -neg_steps}
+
+
 def _key(spec: dict, d: int) -> tuple[int, int, int]:
     rooms = spec["rooms"]
     size = len(rooms) + sum(len(recs) + sum(len(r.get("contents", [])) for r in recs)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from rlany.engines import Engine, Request, Sampling
 from rlany.envs import Environment, OffersEdits, offered_edits
-from rlany.errors import RlanyError
+from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
 from rlany.prompts import (
     clip,
@@ -48,10 +48,18 @@ from rlany.prompts import (
     rewrite_messages,
 )
 from rlany.records import Task, TaskStats
-from rlany.stages.critiques import collect_critiques, model_summaries
-from rlany.stages.rewrites import candidate_task, read_proposal
+from rlany.stages.adapt_metrics import env_loop_counts, summary_line
+from rlany.stages.critiques import model_summaries, read_critiques
+from rlany.stages.rewrites import (
+    RandomEdits,
+    candidate_task,
+    read_proposal,
+    reparent,
+    stepping_stones,
+)
 
-REWRITES = ("auto", "edits", "free")
+REWRITES = ("auto", "edits", "free", "random")
+CRITICS = ("auto", "judge", "env")
 SUMMARIES = ("extract", "model")
 
 
@@ -70,6 +78,9 @@ class AdaptOptions(EngineFields):
                                 "--output is -).", scope="io")
     judgments: str | None = opt(None, "judgments.jsonl: the critiques the rewriter reads.",
                                 scope="io", short="-j")
+    trajectories: str | None = opt(None, "trajectories.jsonl of the rollout the stats were "
+                                   "scored from: the env's own account of the episodes "
+                                   "(--critic env, or auto).", scope="io")
     pending: str | None = opt(None, "Last iteration's candidates, rolled out in this "
                               "iteration: accepted or rejected by the acceptance rule.",
                               scope="io")
@@ -77,6 +88,10 @@ class AdaptOptions(EngineFields):
     alpha_high: float = opt(0.8, "acc >= this: make the task harder.", min=0, max=1)
     alpha_low: float = opt(0.2, "acc <= this: make the task easier.", min=0, max=1)
     samples: int = opt(2, "Rewrites drawn per task; the first valid one is kept.", min=1)
+    descend: int = opt(0, "Not in the paper: an easier candidate rejected as unsolved (acc "
+                       "0, its parent still unsolved) is a stepping stone; its own easier "
+                       "rewrite becomes the parent's next candidate, up to this many stones "
+                       "deep. 0: the paper's rule (one edit from the pool task).", min=0)
     critiques: int = opt(3, "Critique snippets in a task's summary.", min=1)
     dup_threshold: float = opt(97.0, "rapidfuzz similarity (0-100) at which a rewrite "
                                "duplicates a pool task.", min=0, max=100)
@@ -85,8 +100,15 @@ class AdaptOptions(EngineFields):
     temperature: float = opt(0.7, "Sampling temperature of the rewriter.", min=0)
     rewrite: str = opt("auto", "edits: pick one of the env's numbered edits (decoded as one "
                        "of the numbers: always valid). free: write a whole new JSON spec. "
-                       "auto: edits for envs that offer edits (all built-in ones), else free.",
+                       "auto: edits for envs that offer edits (all built-in ones), else free. "
+                       "random: a uniformly random edit of the same menu, no model (the "
+                       "control the model's choice is measured against).",
                        choices=REWRITES)
+    critic: str = opt("auto", "What the rewriter reads of a task's episodes: judge (the "
+                      "judge's critiques), env (the env's account from --trajectories: how "
+                      "episodes ended, their actions with off-plan ones marked, the last "
+                      "observation), auto (the judge's where it wrote more than verdicts, "
+                      "else the env's).", choices=CRITICS)
     summary: str = opt("extract", "The critique summary the rewriter reads: extract (the "
                        "judge's critiques of bad steps first, de-duplicated) or model (the "
                        "model condenses those into three sentences).", choices=SUMMARIES)
@@ -267,7 +289,7 @@ def _describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
         env = envs[t.task_id]
         try:
             descriptions[t.task_id] = env.describe(t)
-            if opts.rewrite == "edits" or (opts.rewrite == "auto" and
+            if opts.rewrite in ("edits", "random") or (opts.rewrite == "auto" and
                                            isinstance(env, OffersEdits)):
                 menus[t.task_id] = offered_edits(env, t.spec, d)
         except Exception as e:  # whatever the env raises on a spec it cannot read
@@ -285,7 +307,7 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     from rlany import envs
     from rlany.console import info
     from rlany.outputs import atomic_outputs, write_meta
-    from rlany.provenance import check_adapt_inputs, judged_tasks, sha256_file
+    from rlany.provenance import check_adapt_inputs, check_scored_from, judged_tasks, sha256_file
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,
@@ -296,11 +318,13 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     )
 
     started = time.time()
+    if opts.critic == "env" and not opts.trajectories:
+        raise UsageError("--critic env reads the episodes: give --trajectories")
     check_adapter(opts.adapter)
     decisions_out = opts.decisions_path
     paths = prepare_paths(
         {"--input": opts.input, "--stats": opts.stats, "--judgments": opts.judgments,
-         "--pending": opts.pending},
+         "--pending": opts.pending, "--trajectories": opts.trajectories},
         {"--output": opts.output, "--candidates": opts.candidates,
          "--decisions": decisions_out})
     # every input fails before the engine starts
@@ -314,6 +338,9 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     stats = read_stats(paths["--stats"], name=opts.stats,
                        tasks={t.task_id for t in pool + pending_tasks})
     check_adapt_inputs(paths["--stats"], paths["--judgments"], (opts.stats, opts.judgments))
+    if opts.trajectories:
+        check_scored_from(paths["--stats"], paths["--trajectories"],
+                          (opts.stats, opts.trajectories))
     if opts.judgments:
         for task_id, where in judged_tasks(paths["--judgments"], opts.judgments).items():
             if task_id not in stats:
@@ -324,14 +351,17 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     if opts.pending:
         inputs.append(pending_reader)
     new_pool, decisions = decide(pool, pending_tasks, stats, opts)
-    targets = {t.task_id for t in new_pool
+    stones = stepping_stones(pending_tasks, decisions, new_pool, opts.descend)
+    targets = {t.task_id for t in new_pool + stones
                if t.task_id in stats and direction_for(stats[t.task_id].acc, opts)}
-    critiques = (collect_critiques(paths["--judgments"], targets, opts.critiques,
-                                   opts.judgments) if opts.judgments else {})
+    critiques = read_critiques(paths, targets, opts)
+    if opts.rewrite == "random" and opts.summary == "extract":
+        engine = RandomEdits(opts.seed, opts.iteration)  # no model: the control
     engine = engine or (start_engine(opts) if targets else None)
     candidates, rejections, tally = (
-        propose(new_pool, stats, critiques, engine, envs.make_env, opts)
+        propose(new_pool + stones, stats, critiques, engine, envs.make_env, opts)
         if targets else ([], [], {}))
+    candidates = [reparent(c, stones) for c in candidates]
     accepted = sum(d["accepted"] for d in decisions)
     # the three files commit together: a failure in any leaves all three as they were
     with atomic_outputs(opts.candidates, decisions_out, opts.output) as (cands, dec, out):
@@ -342,16 +372,13 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
         out.write_all(new_pool)
     counts = {"pool": len(new_pool), "pending": len(pending_tasks), "accepted": accepted,
               "rejected": len(decisions) - accepted, "targets": len(targets),
-              "candidates": len(candidates), "rewrites_rejected": len(rejections), **tally}
+              "candidates": len(candidates), "rewrites_rejected": len(rejections), **tally,
+              "stones": len(stones),
+              **env_loop_counts(new_pool, decisions, candidates, envs.make_env)}
     flags = {**asdict(opts), "model": engine.model if engine else opts.model}
     for path in (opts.candidates, decisions_out, opts.output):  # the pool's meta last
         if path:
             write_meta(path, stage="adapt-tasks", flags=flags, inputs=inputs, counts=counts,
                        started=started, versions=GEN_VERSIONS)
-    valid = (f" ({tally['valid_proposals']}/{tally['proposals']} proposals valid)"
-             if tally.get("proposals") else "")
-    info(f"adapt-tasks: accepted {accepted} of {len(pending_tasks)} candidates; "
-         f"{len(targets)} tasks to adapt -> {len(candidates)} new candidates{valid}, "
-         f"{len(rejections)} rewrites rejected -> {opts.output} "
-         f"({time.time() - started:.1f}s)")
+    info(summary_line(counts, opts.output, time.time() - started))
     return counts

@@ -60,3 +60,38 @@ def model_summaries(targets: list, envs: dict, extracted: dict[str, str], engine
         if text:
             out[t.task_id] = clip(text, 800)
     return out
+
+
+def judged_bad_steps(judgments: str, task_ids: set[str], name: str | None = None
+                     ) -> dict[str, set[int]]:
+    """traj_id -> the steps the judge scored -1 on average (the env's account marks them)."""
+    from rlany.jsonl import JsonlReader
+
+    bad: dict[str, set[int]] = {}
+    for _, j in JsonlReader(judgments, Judgment, "judgments", name=name):
+        if j.task_id in task_ids:
+            for step in j.steps:
+                scores = [s.score for s in step.samples if s.score]
+                if scores and sum(scores) < 0:
+                    bad.setdefault(j.traj_id, set()).add(step.step)
+    return bad
+
+
+def read_critiques(paths: dict, targets: set[str], opts) -> dict[str, str]:
+    """task id -> what the rewriter reads (`adapt-tasks --critic`): the judge's critique
+    summary, the env's account of the episodes (`env_account`), or (auto) the judge's where
+    it says more than verdicts, else the env's."""
+    from rlany.stages.env_account import collect_accounts, verdict_only
+
+    judged = (collect_critiques(paths["--judgments"], targets, opts.critiques, opts.judgments)
+              if opts.judgments and opts.critic != "env" else {})
+    if opts.critic == "judge" or not opts.trajectories:
+        return judged
+    marked = (judged_bad_steps(paths["--judgments"], targets, opts.judgments)
+              if opts.judgments else {})
+    accounts = collect_accounts(paths["--trajectories"], targets, opts.critiques,
+                                opts.trajectories, marked)
+    if opts.critic == "env":
+        return accounts
+    return {t: judged[t] if t in judged and not verdict_only(judged[t]) else accounts[t]
+            for t in targets if t in judged or t in accounts}

@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+ENV_LOOP = ("pending", "rejected", "proposed", "accepted_by_direction", "rejected_by_reason",
+            "candidate_acc", "candidate_parent_acc", "accepted_acc", "accepted_parent_acc",
+            "difficulty", "lineage_depth_mean", "lineage_depth_max", "adapted_share")
+
 
 def collect_metrics(d: Path) -> dict:
     """The numbers of one finished iteration directory, read back from its sidecars."""
@@ -45,6 +49,8 @@ def collect_metrics(d: Path) -> dict:
         "judge_positive_share": judge.get("positive_share"),
         "accepted_tasks": adapt.get("accepted"),
         "new_candidates": adapt.get("candidates"),
+        # the environment loop (`adapt_metrics`): only when the run adapts
+        **({"env_loop": {k: adapt.get(k) for k in ENV_LOOP}} if adapt else {}),
         "policy_loss": ckpt("policy").get("loss"),
         "policy_kl": ckpt("policy").get("kl"),
         "rm_loss": ckpt("rm").get("loss"),

@@ -33,9 +33,12 @@ class Stage:
 def _judged(cfg: LoopConfig) -> bool:
     """The judge runs when something reads its verdicts: step feedback (unless score takes
     the env's labels as step scores, `[score] step_scores = "label"`), the reward model's
-    training, or the task adaptation's critiques."""
+    training, or the task adaptation's critiques (unless `[adapt_tasks] critic = "env"`:
+    its rewriter reads the env's account of the episodes instead)."""
     labels = cfg.tables.get("score", {}).get("step_scores") == "label"
-    return (cfg.step_feedback and not labels) or cfg.rm_training or cfg.env_adaptation
+    critic = cfg.tables.get("adapt_tasks", {}).get("critic", "auto")
+    return ((cfg.step_feedback and not labels) or cfg.rm_training
+            or (cfg.env_adaptation and critic != "env"))
 
 
 def _meta(opts: Any) -> Path:  # a file stage's sidecar is written last
@@ -80,7 +83,8 @@ STAGES = (
         forced=lambda lp: _kl_init(lp, "train_rm")),
     Stage("adapt_tasks", _meta, lambda lp, d, it: dict(
         input=f"{d}/tasks.jsonl", stats=f"{d}/task_stats.jsonl",
-        judgments=f"{d}/judgments.jsonl", pending=_pending(lp, it),
+        judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None,
+        trajectories=f"{d}/trajectories.jsonl", pending=_pending(lp, it),
         output=f"{d}/next_tasks.jsonl", candidates=f"{d}/candidates.jsonl",
         decisions=f"{d}/decisions.jsonl", iteration=it),
         enabled=lambda cfg: cfg.env_adaptation),

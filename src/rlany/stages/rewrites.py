@@ -71,3 +71,65 @@ def candidate_task(parent: Task, spec: dict, direction: str, parent_acc: float,
                                                      "proposed_iter": iteration,
                                                      "critique": critique,
                                                      **({"edit": edit} if edit else {})}})
+
+
+class RandomEdits:
+    """`adapt-tasks --rewrite random`: an engine stand-in that answers every edit menu with
+    a uniformly random one of its numbers, no model: the control the model's choice of edit
+    is measured against. Seeded by the run's seed and the iteration, so a rerun repeats it."""
+
+    name = "random"
+    model = "random"
+
+    def __init__(self, seed: int, iteration: int) -> None:
+        import random
+
+        from rlany.engines import EngineStats
+
+        self.rng = random.Random(f"adapt-random-{seed}-{iteration}")
+        self.stats = EngineStats()
+
+    def generate(self, requests):
+        from rlany.engines import Completion, Result
+
+        out = []
+        for r in requests:
+            choices = r.sampling.choices or ("1",)  # a free rewrite has no menu: rejected
+            out.append(Result(prompt_token_ids=[], completions=[
+                Completion(text=self.rng.choice(choices), token_ids=[], finish_reason="stop")
+                for _ in range(r.sampling.n)]))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def stepping_stones(pending: list[Task], decisions: list[dict], pool: list[Task],
+                    depth: int) -> list[Task]:
+    """`adapt-tasks --descend K` (not in the paper): easier candidates rejected as unsolved
+    whose parent is still in the pool, unchanged, and still unsolved there, at most K stones
+    deep. Their own easier rewrites become the parent's next candidates, so the easier
+    direction can cross rewrites that are easier yet still unsolved."""
+    if depth <= 0:
+        return []
+    in_pool = {t.task_id for t in pool}
+    unsolved = {d["task_id"] for d in decisions if not d["accepted"]
+                and d.get("direction") == "easier" and d.get("acc") == 0.0
+                and d.get("parent_acc") == 0.0 and d.get("parent_id") in in_pool}
+    return [t for t in pending if t.task_id in unsolved
+            and t.extra.get("candidate", {}).get("hops", 0) < depth]
+
+
+def reparent(cand: Task, stones: list[Task]) -> Task:
+    """A rewrite of a stepping stone becomes a candidate of the stone's own parent (the pool
+    task the acceptance rule compares it with), one hop further; others pass unchanged."""
+    from dataclasses import replace
+
+    stone = next((s for s in stones if s.task_id == cand.lineage.parent_id), None)
+    if stone is None:
+        return cand
+    was = stone.extra["candidate"]
+    info = {**cand.extra["candidate"], "parent_acc": was.get("parent_acc", 0.0),
+            "via": stone.task_id, "hops": was.get("hops", 0) + 1}
+    return replace(cand, lineage=replace(cand.lineage, parent_id=stone.lineage.parent_id),
+                   extra={**cand.extra, "candidate": info})

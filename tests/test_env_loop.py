@@ -1,0 +1,190 @@
+"""The environment loop: from an unsolvable pool, easier rewrites and the acceptance rule reach
+a solvable task; the env's account the rewriter reads; the random control; the loop's
+env-loop metrics."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from conftest import read_jsonl, write_jsonl
+from rlany.engines.fake import FakeEngine
+from rlany.envs import make_env
+from rlany.envs.household import make_tasks
+from rlany.records import Step, TaskStats, Trajectory
+from rlany.stages.adapt_metrics import env_loop_counts, summary_line
+from rlany.stages.adapt_tasks import AdaptOptions, decide, propose
+from rlany.stages.env_account import task_account, verdict_only
+from rlany.stages.rewrites import RandomEdits, reparent, stepping_stones
+
+
+def _stats(task_id: str, successes: int, n: int = 8) -> TaskStats:
+    return TaskStats(task_id=task_id, n=n, successes=successes, acc=successes / n,
+                     mean_steps=1.0, policy_keep=True, policy_reason="", rm_keep=True,
+                     rm_reason="", policy_samples=0, rm_samples=0, step_score_mean=None,
+                     parse_fail_rate=None, judge_outcome_agreement=None)
+
+
+def _policy(env, spec: dict, rng: random.Random, n: int = 8) -> int:
+    """A stand-in policy that solves only short plans: each episode succeeds w.p. 0.5 when a
+    shortest plan has at most 2 actions, never otherwise."""
+    return sum(rng.random() < 0.5 for _ in range(n)) if env.difficulty(spec)[
+        "plan_length"] <= 2 else 0
+
+
+def _adapt(descend: int, iterations: int = 8) -> tuple[list, list, list]:
+    """`adapt-tasks` as the loop runs it, on a pool whose plans (4+ actions) the stand-in
+    policy never solves; returns (pool, last decisions, last candidates)."""
+    env = make_env("household")
+    pool = make_tasks(2, seed=5, rooms=1, receptacles=3, distractors=1, closed=1.0,
+                      kinds="pick_and_place")
+    assert all(env.difficulty(t.spec)["plan_length"] >= 4 for t in pool)
+    rng, pending, decisions = random.Random(0), [], []
+    engine = FakeEngine(lambda request, k: "1")  # the model's pick: the first (gentlest) edit
+    for it in range(iterations):
+        stats = {t.task_id: _stats(t.task_id, _policy(env, t.spec, rng)) for t in pool + pending}
+        opts = AdaptOptions(iteration=it, samples=1, descend=descend)
+        pool, decisions = decide(pool, pending, stats, opts)
+        for d in decisions:  # nothing unsolved or not easier is ever accepted
+            assert not d["accepted"] or 0 < d["acc"] < 0.8 and d["acc"] > d["parent_acc"]
+        stones = stepping_stones(pending, decisions, pool, descend)
+        pending = [reparent(c, stones) for c in
+                   propose(pool + stones, stats, {}, engine, make_env, opts)[0]]
+        assert all(c.lineage.parent_id in {t.task_id for t in pool} for c in pending)
+    return pool, decisions, pending
+
+
+def test_adaptation_from_an_unsolvable_pool_reaches_a_solvable_task():
+    """Fails if the easier direction or the acceptance rule is broken: with stepping stones
+    the pool ends with tasks the policy solves, reached through accepted easier rewrites;
+    with the paper's rule alone (one gentlest edit from the pool task, acc(q') > 0 to
+    accept) every candidate stays unsolved and nothing is accepted."""
+    env = make_env("household")
+    stuck, decisions, _ = _adapt(descend=0)
+    assert all(t.lineage.version == 0 for t in stuck)
+    assert decisions and not any(d["accepted"] for d in decisions)
+    pool, decisions, pending = _adapt(descend=4)
+    solved = [t for t in pool if env.difficulty(t.spec)["plan_length"] <= 2]
+    assert solved, [env.difficulty(t.spec) for t in pool]
+    for t in solved:  # each got there by accepted easier rewrites, recorded in its lineage
+        assert t.lineage.direction == "easier" and t.lineage.version >= 2
+        assert t.lineage.accepted_iter is not None and "candidate" not in t.extra
+    counts = env_loop_counts(pool, decisions, pending, make_env)
+    assert counts["adapted_share"] > 0 and counts["lineage_depth_max"] >= 2
+    assert counts["difficulty"]["plan_length"] < 4
+
+
+def _traj(k: int, outcome: int, labels: list[int], task_id: str = "a") -> Trajectory:
+    steps = [Step(obs="o", prompt_messages=[], response=f"{j}", action=f"go to shelf {j}",
+                  next_obs=f"You arrive at shelf {j}.\nOn it: nothing.",
+                  info={"label": label}) for j, label in enumerate(labels)]
+    return Trajectory(traj_id=f"t{k}", task_id=task_id, iteration=0, sample=k, steps=steps,
+                      outcome=outcome, finish="success" if outcome == 1 else "max_steps",
+                      policy={})
+
+
+def test_env_account_says_how_episodes_failed():
+    trajs = [_traj(0, 1, [1]), _traj(1, -1, [1, -1, -1]), _traj(2, -1, [1, -1, -1])]
+    text = task_account(trajs, limit=3)
+    lines = text.splitlines()
+    assert lines[0] == "- the policy succeeded in 1 of 3 episodes"
+    # the failed episode first, its twin dropped as a near-duplicate, the success last
+    assert len(lines) == 3 and "ran out of steps after 3 actions" in lines[1]
+    assert "go to shelf 1 [off-plan] -> go to shelf 2 [off-plan]" in lines[1]
+    assert "Last observation: You arrive at shelf 2. On it: nothing." in lines[1]
+    assert lines[2].startswith("- succeeded after 1 actions: go to shelf 0. ")
+    # steps a judge scored -1 are marked too, where the env labels nothing
+    unlabelled = _traj(3, -1, [0, 0])
+    assert "go to shelf 0 [off-plan]" in task_account([unlabelled], 1, {"t3": {0}})
+    assert verdict_only("- \\boxed{1}\n- \\boxed{-1}") and verdict_only("(no critiques)")
+    assert not verdict_only("- the agent never opened the drawer")
+
+
+def test_random_rewrite_is_a_seeded_uniform_pick_of_the_same_menu():
+    pool = make_tasks(3, seed=2)
+    table = {t.task_id: _stats(t.task_id, 0) for t in pool}
+    picks = []
+    for seed in (0, 0, 1):
+        cands, _, tally = propose(pool, table, {}, RandomEdits(seed, 4), make_env,
+                                  AdaptOptions(samples=1, rewrite="random"))
+        picks.append([c.extra["candidate"]["edit"] for c in cands])
+        assert tally["valid_proposals"] == len(pool) == len(cands)
+    assert picks[0] == picks[1]  # a rerun repeats it
+    env = make_env("household")
+    menus = [[e.description for e in env.edits(t.spec, "easier")] for t in pool]
+    assert all(p in m for p, m in zip(picks[0], menus))
+    seen = {RandomEdits(s, 0).generate([_menu_request(5)])[0].completions[0].text
+            for s in range(40)}
+    assert seen == {"1", "2", "3", "4", "5"}  # every edit of the menu can be drawn
+
+
+def _menu_request(n: int):
+    from rlany.engines import Request, Sampling
+
+    return Request(messages=[], sampling=Sampling(choices=tuple(str(k) for k in
+                                                                range(1, n + 1))))
+
+
+def test_summary_line_and_counts_name_the_rejections():
+    pool = make_tasks(2, seed=2)
+    decisions = [{"task_id": "c1", "parent_id": "p", "direction": "easier", "accepted": True,
+                  "reason": "easier: ...", "parent_acc": 0.0, "acc": 0.25},
+                 {"task_id": "c2", "parent_id": "p", "direction": "easier", "accepted": False,
+                  "reason": "acc(q') = 0: not proven solvable", "parent_acc": 0.0, "acc": 0.0},
+                 {"task_id": "c3", "parent_id": "x", "direction": "harder", "accepted": False,
+                  "reason": "parent not in pool"}]
+    counts = env_loop_counts(pool, decisions, [], make_env)
+    assert counts["rejected_by_reason"] == {"unsolved": 1, "parent_gone": 1}
+    assert counts["accepted_by_direction"] == {"easier": 1, "harder": 0}
+    assert counts["candidate_acc"] == 0.125 and counts["accepted_acc"] == 0.25
+    assert set(counts["difficulty"]) == {"plan_length", "size", "max_steps"}
+    line = summary_line({**counts, "accepted": 1, "pending": 3, "targets": 0, "candidates": 0,
+                         "rewrites_rejected": 0, "pool": 2}, "next.jsonl", 0.1)
+    assert "accepted 1 of 3 candidates (acc 0.25 vs parents 0.00)" in line
+    assert "rejected: 1 parent gone, 1 unsolved" in line and "plan_length" in line
+
+
+def test_cli_adapt_tasks_with_the_env_critic(tmp_path, cli):
+    """--critic env: the rewriter reads the env's account of the episodes, no judgments;
+    the env-loop counts land in the pool's sidecar."""
+    pool = make_tasks(1, seed=2)
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", pool)
+    stats = write_jsonl(tmp_path / "stats.jsonl", [_stats(pool[0].task_id, 0, n=2)])
+    trajs = [_traj(k, -1, [-1, -1], pool[0].task_id) for k in range(2)]
+    traj_file = write_jsonl(tmp_path / "trajectories.jsonl", trajs)
+    script = tmp_path / "fake.json"
+    script.write_text('["1"]')
+    args = ["adapt-tasks", "-i", str(tasks), "--stats", str(stats), "-o",
+            str(tmp_path / "next.jsonl"), "--candidates", str(tmp_path / "cands.jsonl"),
+            "--engine", "fake", "--model", str(script), "--critic", "env"]
+    r = cli(*args)
+    assert r.returncode == 2 and "--trajectories" in r.stderr
+    r = cli(*args, "--trajectories", str(traj_file))
+    assert r.returncode == 0, r.stderr
+    cand = read_jsonl(tmp_path / "cands.jsonl")[0]
+    assert "succeeded in 0 of 2 episodes" in cand["candidate"]["critique"]
+    assert "[off-plan]" in cand["candidate"]["critique"]
+    counts = json.loads((tmp_path / "next.meta.json").read_text())["counts"]
+    assert counts["proposed"] == {"easier": 1, "harder": 0} and "difficulty" in counts
+    assert "1 new candidates (1 easier, 0 harder" in r.stderr
+
+
+def test_loop_adapts_without_a_judge_and_records_the_env_loop(tmp_path, tiny_model):
+    """The +adapt arm: `[adapt_tasks] critic = "env"`, no step feedback, no reward-model
+    training: no judge runs, the rewriter reads the env's account, and metrics.jsonl has the
+    env loop's numbers in every iteration."""
+    from test_loop import _config, _run
+
+    config = _config(tmp_path, tiny_model, step_feedback=False, rm_training=False,
+                     env_adaptation=True)
+    with open(config, "a") as f:
+        f.write('[adapt_tasks]\ncritic = "env"\n')
+    run = _run(config).dir
+    assert not list(run.glob("iter_*/judgments.jsonl"))
+    metrics = read_jsonl(run / "metrics.jsonl")
+    loop = [m["env_loop"] for m in metrics]
+    assert all(set(e) >= {"proposed", "rejected_by_reason", "difficulty", "adapted_share"}
+               for e in loop)
+    assert loop[1]["pending"] == sum(loop[0]["proposed"].values())
+    cands = read_jsonl(run / "iter_000" / "candidates.jsonl")
+    assert cands and all("episodes" in c["candidate"]["critique"] for c in cands)
