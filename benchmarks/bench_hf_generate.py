@@ -95,34 +95,47 @@ def main(argv=None) -> int:
             "rlany-b32": rlany_b32}
     with torch.no_grad():
         plain(False)  # warm-up
-        runs: dict[str, list] = {k: [] for k in ways}
-        for r in range(args.rounds):
-            for name, fn in ways.items():
-                torch.manual_seed(r)
-                t0 = time.perf_counter()
-                tokens = fn()
-                runs[name].append({"seconds": round(time.perf_counter() - t0, 2),
-                                   "new_tokens": tokens})
-                print(name, runs[name][-1], flush=True)
+        runs = alternate(ways, args.rounds)
+    result = summarize(runs, args.dtype, torch.get_num_threads())
+    setting, result["isa_switches"] = cpu_setting(args.dtype)
+    path = save(f"hf_generate-{setting}", result)
+    print(path, {k: v for k, v in result.items() if k != "ways"})
+    return 0
+
+
+def alternate(ways: dict, rounds: int) -> dict[str, list]:
+    """Each way once per round, in turn (seeded by the round): seconds and new tokens."""
+    import torch
+
+    runs: dict[str, list] = {k: [] for k in ways}
+    for r in range(rounds):
+        for name, fn in ways.items():
+            torch.manual_seed(r)
+            t0 = time.perf_counter()
+            tokens = fn()
+            runs[name].append({"seconds": round(time.perf_counter() - t0, 2),
+                               "new_tokens": tokens})
+            print(name, runs[name][-1], flush=True)
+    return runs
+
+
+def summarize(runs: dict[str, list], dtype: str, threads: int) -> dict:
+    """The result: per way the median seconds and tokens/s, and rlany / plain."""
     summary = {name: {"median_seconds": statistics.median(x["seconds"] for x in v),
                       "tokens_per_s": round(sum(x["new_tokens"] for x in v)
                                             / sum(x["seconds"] for x in v), 1),
                       "rounds": v} for name, v in runs.items()}
     ratio = round(summary["rlany"]["median_seconds"] / summary["plain"]["median_seconds"], 3)
-    result = {"metric": "seconds of rlany's generation / a plain `generate`'s, same work",
-              "ratio": ratio, "target": "<= 1", "met": ratio <= 1, "dtype": args.dtype,
-              "what": f"{PROMPTS} prompts x {SAMPLES} samples x up to {MAX_NEW} new tokens, "
-                      f"temperature 1, {args.dtype}, SmolLM2-135M-Instruct, torch threads "
-                      f"{torch.get_num_threads()}",
-              "ways": summary,
-              "logits_over_plain_seconds": round(summary["logits"]["median_seconds"]
-                                                 / summary["plain"]["median_seconds"], 3),
-              "b32_over_plain_seconds": round(summary["rlany-b32"]["median_seconds"]
-                                              / summary["plain"]["median_seconds"], 3)}
-    setting, result["isa_switches"] = cpu_setting(args.dtype)
-    path = save(f"hf_generate-{setting}", result)
-    print(path, {k: v for k, v in result.items() if k != "ways"})
-    return 0
+    return {"metric": "seconds of rlany's generation / a plain `generate`'s, same work",
+            "ratio": ratio, "target": "<= 1", "met": ratio <= 1, "dtype": dtype,
+            "what": f"{PROMPTS} prompts x {SAMPLES} samples x up to {MAX_NEW} new tokens, "
+                    f"temperature 1, {dtype}, SmolLM2-135M-Instruct, torch threads "
+                    f"{threads}",
+            "ways": summary,
+            "logits_over_plain_seconds": round(summary["logits"]["median_seconds"]
+                                               / summary["plain"]["median_seconds"], 3),
+            "b32_over_plain_seconds": round(summary["rlany-b32"]["median_seconds"]
+                                            / summary["plain"]["median_seconds"], 3)}
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def table(results: dict) -> str:
 
 # -- driver --------------------------------------------------------------------------------
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--grid", default="128,512,1024", help="train steps N")
@@ -144,25 +144,16 @@ def main(argv=None) -> int:
                     help="at the end, write the results' table into benchmarks/README.md")
     ap.add_argument("--table-only", action="store_true",
                     help="only write the committed results' table into benchmarks/README.md")
-    args = ap.parse_args(argv)
-    name = args.name or ("judge_capacity_onpolicy" if args.from_runs else "judge_capacity")
-    results_path, block = RESULTS.with_name(name + ".json"), name.replace("_", "-") + "-table"
-    if args.table_only:
-        from common import write_readme_block
-        write_readme_block(block, table(json.loads(results_path.read_text())))
-        return 0
+    return ap.parse_args(argv)
 
-    import torch
 
-    from rlany.models import resolve_model
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
-    def say(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
 
-    torch.manual_seed(args.seed)
-    WORK.mkdir(parents=True, exist_ok=True)
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results.setdefault("cells", {})
+def data(args: argparse.Namespace, results: dict) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows): the runs' own judged steps with --from-runs (recorded in
+    `results`), else played episodes on the pool and the held-out tasks."""
     t0 = time.time()
     if args.from_runs:
         train_rows, test_rows = onpolicy(args.from_runs, args.max_train, args.max_test,
@@ -174,19 +165,81 @@ def main(argv=None) -> int:
     say(f"data: {len(train_rows)} train steps ({sum(r['label'] > 0 for r in train_rows)} "
         f"labelled +1), {len(test_rows)} held-out ({sum(r['label'] > 0 for r in test_rows)} "
         f"+1), {time.time() - t0:.1f}s")
+    return train_rows, test_rows
+
+
+def cached_features(model, prompts: list, k: int, cache_file: Path, results: dict):
+    """(last, cache) of `features`, read from `cache_file` when an earlier run wrote it;
+    else computed (its seconds per prompt into `results`) and saved there."""
+    import torch
+
+    if cache_file.exists():
+        return torch.load(cache_file)
+    t1 = time.time()
+    last, cache = features(model, prompts, k, say)
+    results["forward_seconds_per_prompt"] = round((time.time() - t1) / len(prompts), 3)
+    torch.save((last, cache), cache_file)
+    return last, cache
+
+
+def describe(args: argparse.Namespace, rows: list[dict], n_train: int, test_idx: list[int],
+             lengths: list[int], base: dict) -> dict:
+    """The results' header: what is measured, the data's shape and the untrained judge."""
+    test_labels = [rows[i]["label"] for i in test_idx]
+    out = {
+        "what": "held-out balanced accuracy of a SmolLM2-135M judge's verdict against the "
+                "household env's step labels, trained on N labelled steps (supervised, "
+                "class-balanced) or on the trajectory outcome (consistency target, lambda 0)",
+        "machine": machine(), "model": args.model, "k_top_layers": args.k,
+        "train_steps_available": n_train, "train_pos_share": round(
+            sum(rows[i]["label"] > 0 for i in range(n_train)) / n_train, 4),
+        "heldout_steps": len(test_idx), "heldout_pos_share": round(
+            sum(lab > 0 for lab in test_labels) / len(test_labels), 4),
+        "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1),
+        "base": base,
+        "outcome_as_verdict_heldout": round(balanced_accuracy(
+            test_labels, [float(rows[i]["outcome"] > 0) for i in test_idx], None), 4)}
+    if args.from_runs:  # what the runs' own judges said on these steps (ties left out)
+        from judge_data import loop_verdict_accuracy
+        out["loop_verdicts_heldout"] = round(loop_verdict_accuracy(
+            [rows[i] for i in test_idx]), 4)
+    return out
+
+
+def cell_order(targets: str, lrs: list[float], grid: list[int]) -> list[tuple]:
+    """(target, objective, lr, N) of every cell, the most telling first: the label at the
+    first lr, the consistency target at the largest N, then the other lrs."""
+    cells = [("label", "logloss", lrs[0], n) for n in grid]
+    if "outcome" in targets.split(","):
+        cells += [("outcome", obj, lrs[0], grid[-1]) for obj in ("logloss", "expected")]
+    return cells + [("label", "logloss", lr, n) for lr in lrs[1:] for n in grid]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    name = args.name or ("judge_capacity_onpolicy" if args.from_runs else "judge_capacity")
+    results_path, block = RESULTS.with_name(name + ".json"), name.replace("_", "-") + "-table"
+    if args.table_only:
+        from common import write_readme_block
+        write_readme_block(block, table(json.loads(results_path.read_text())))
+        return 0
+
+    import torch
+
+    from rlany.models import resolve_model
+
+    torch.manual_seed(args.seed)
+    WORK.mkdir(parents=True, exist_ok=True)
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results.setdefault("cells", {})
+    train_rows, test_rows = data(args, results)
 
     model, tok = load(resolve_model(args.model))
     rows = train_rows + test_rows
     prompts, at = encode(tok, rows)
-    cache_file = WORK / f"cache-{name}-k{args.k}-s{args.seed}-{len(rows)}.pt"
-    if cache_file.exists():
-        last, cache = torch.load(cache_file)
-    else:
-        t1 = time.time()
-        last, cache = features(model, prompts, args.k, say)
-        results["forward_seconds_per_prompt"] = round((time.time() - t1) / len(prompts), 3)
-        torch.save((last, cache), cache_file)
-    lengths = [len(p) for p in prompts]
+    last, cache = cached_features(
+        model, prompts, args.k, WORK / f"cache-{name}-k{args.k}-s{args.seed}-{len(rows)}.pt",
+        results)
     check_top(model, args.k, prompts, cache)
 
     n_train = len(train_rows)
@@ -195,23 +248,7 @@ def main(argv=None) -> int:
     test_labels = [labels[i] for i in test_idx]
     # the base judge, untrained (greedy and sampled at 0.8)
     base = heldout(top_model(model, args.k), cache, test_idx, test_labels, at)
-    results.update({
-        "what": "held-out balanced accuracy of a SmolLM2-135M judge's verdict against the "
-                "household env's step labels, trained on N labelled steps (supervised, "
-                "class-balanced) or on the trajectory outcome (consistency target, lambda 0)",
-        "machine": machine(), "model": args.model, "k_top_layers": args.k,
-        "train_steps_available": n_train, "train_pos_share": round(
-            sum(labels[i] > 0 for i in range(n_train)) / n_train, 4),
-        "heldout_steps": len(test_idx), "heldout_pos_share": round(
-            sum(lab > 0 for lab in test_labels) / len(test_labels), 4),
-        "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1),
-        "base": base,
-        "outcome_as_verdict_heldout": round(balanced_accuracy(
-            test_labels, [float(rows[i]["outcome"] > 0) for i in test_idx], None), 4)})
-    if args.from_runs:  # what the runs' own judges said on these steps (ties left out)
-        from judge_data import loop_verdict_accuracy
-        results["loop_verdicts_heldout"] = round(loop_verdict_accuracy(
-            [rows[i] for i in test_idx]), 4)
+    results.update(describe(args, rows, n_train, test_idx, [len(p) for p in prompts], base))
     results_path.write_text(json.dumps(results, indent=1) + "\n")
 
     rng = random.Random(args.seed)
@@ -228,13 +265,7 @@ def main(argv=None) -> int:
 
     lrs = [float(x) for x in args.lrs.split(",")]
     grid = [n for n in grid if n <= n_train]
-    # the most telling cells first: the label at the first lr, the consistency target at
-    # the largest N, then the other lrs
-    cells = [("label", "logloss", lrs[0], n) for n in grid]
-    if "outcome" in args.targets.split(","):
-        cells += [("outcome", obj, lrs[0], grid[-1]) for obj in ("logloss", "expected")]
-    cells += [("label", "logloss", lr, n) for lr in lrs[1:] for n in grid]
-    for target, objective, lr, n in cells:
+    for target, objective, lr, n in cell_order(args.targets, lrs, grid):
         key = f"{target}/{objective}/lr{lr:g}/N{n}"
         if key in results["cells"]:
             continue

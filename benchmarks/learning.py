@@ -101,7 +101,7 @@ def run_loop(config: str, name: str, seed: int, flags: list[str], runs_dir: str,
           *[a for s in sets for a in ("--set", s)], what=f"the {name} run")
 
 
-def main() -> dict:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="examples/household/learn.toml")
     parser.add_argument("--arms", nargs="+", default=["policy-only", "full"],
@@ -137,7 +137,12 @@ def main() -> dict:
                         "always covers every evaluated run under --runs-dir)")
     parser.add_argument("--readme", action="store_true",
                         help="write the table into benchmarks/README.md")
-    args = parser.parse_args()
+    return parser
+
+
+def settle(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], str]:
+    """(the `--set`s of every run, the bench name): the flags' implied settings applied to
+    `args` (tag, seeds, arms, runs dir), conflicting flags refused through `parser`."""
     sets = list(args.set)
     if args.tag:
         check_name(parser, "--tag", args.tag)
@@ -160,36 +165,55 @@ def main() -> dict:
     args.runs_dir = args.runs_dir or f"runs/{bench}"
     if args.iterations:
         sets.append(f"iterations={args.iterations}")
-    started = time.perf_counter()
+    return sets, bench
+
+
+def run_arms(args: argparse.Namespace, sets: list[str]) -> None:
+    """Every (seed, arm) run, resumed where it stopped; a judged run's judge then scored on
+    the config's held-out labelled steps (judge_heldout.py), once."""
     heldout = next((a for c, a in HELDOUT_ARGS.items() if c in args.config), None)
-    if not args.report_only:
-        for seed in args.seeds:
-            for arm in args.arms:
-                name = f"{arm.strip('+')}{f'-{args.tag}' if args.tag else ''}-s{seed}"
-                run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
-                run = Path(args.runs_dir) / name
-                judged = "--rm-training" in ARMS[arm] or args.judge_warm_start
-                if (judged and heldout is not None
-                        and not (run / "judge_heldout.json").exists()):
-                    # the trained judges on fixed held-out labelled steps: judge_gain
-                    subprocess.run([sys.executable, str(Path(__file__).parent /
-                                                        "judge_heldout.py"), str(run),
-                                    *heldout], check=True)
-    # every evaluated run there, not only these, and the runs the committed results recorded
-    # there whose directories this machine does not have
+    for seed in args.seeds:
+        for arm in args.arms:
+            name = f"{arm.strip('+')}{f'-{args.tag}' if args.tag else ''}-s{seed}"
+            run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
+            run = Path(args.runs_dir) / name
+            judged = "--rm-training" in ARMS[arm] or args.judge_warm_start
+            if (judged and heldout is not None
+                    and not (run / "judge_heldout.json").exists()):
+                # the trained judges on fixed held-out labelled steps: judge_gain
+                subprocess.run([sys.executable, str(Path(__file__).parent /
+                                                    "judge_heldout.py"), str(run),
+                                *heldout], check=True)
+
+
+def gather(config: str, runs_dir: str, bench: str) -> tuple[dict, list]:
+    """(runs by arm, recorded runs): every evaluated run under `runs_dir`, not only this
+    invocation's, and the runs the committed results recorded there whose directories this
+    machine does not have; each with the machine it ran on where known."""
     earlier = RESULTS / f"{bench}.json"
     earlier = json.loads(earlier.read_text()) if earlier.exists() else {}
     by_arm, recorded = with_recorded(
-        collect(Path(args.runs_dir)),
-        earlier.get("runs") if earlier.get("config") == args.config else None,
-        Path(args.runs_dir), earlier.get("machine"))
+        collect(Path(runs_dir)),
+        earlier.get("runs") if earlier.get("config") == config else None,
+        Path(runs_dir), earlier.get("machine"))
     if not by_arm:
-        raise SystemExit(f"no evaluated runs under {args.runs_dir}")
+        raise SystemExit(f"no evaluated runs under {runs_dir}")
     here = machine()
     for runs in by_arm.values():  # a run made since this boot ran here; a record names its own
         for r in runs:
             if "machine" not in r:
                 r["machine"] = here if made_since_boot(Path(r["run"]) / "config.json") else None
+    return by_arm, recorded
+
+
+def main() -> dict:
+    parser = build_parser()
+    args = parser.parse_args()
+    sets, bench = settle(parser, args)
+    started = time.perf_counter()
+    if not args.report_only:
+        run_arms(args, sets)
+    by_arm, recorded = gather(args.config, args.runs_dir, bench)
     arms = {arm: arm_summary(runs) for arm, runs in by_arm.items()}
     head, costs = headline(by_arm), cost_ratios(arms)
     text = table(arms) + versus(head, costs)

@@ -143,13 +143,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     import torch
     from accelerate import Accelerator
 
-    from rlany.compat import accepts_logits_to_keep
-    from rlany.outputs import package_versions
-    from rlany.shared_prefix import shareable, shared_logprobs
     from rlany.training import state
-    from rlany.training.model import TRAIN_VERSIONS, autocast_bf16
     from rlany.training.reference import old_logprobs_source, old_policy, reference
-    from rlany.training.verdict import choice_logprobs
 
     started = time.perf_counter()
     acc = Accelerator()
@@ -166,36 +161,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     optimizer = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
     model, optimizer = acc.prepare(model, optimizer)
     state.save_trainable_only(acc, model)
-
-    keep = accepts_logits_to_keep(model)
-    # not on a GPU: there the plain batch ran 2.5x faster (H200, SmolLM2-360M's shape, LoRA
-    # and full; benchmarks/README.md "On a GPU"): a 4-D mask costs attention its fused kernels
-    share = (opts.share_prefix and keep and acc.device.type != "cuda"
-             and shareable(acc.unwrap_model(model)))
-
-    # full fine-tuning in bf16 (fp32 weights) and LoRA in bf16 on a GPU (fp32 adapters):
-    # the forward under bf16 autocast (our own context, not Accelerate's mixed_precision:
-    # that is fixed by the first Accelerator of a process, and one process may train
-    # several times: the loop's stages, a test run)
-    amp = autocast_bf16(opts, acc.device.type)
-    meta.update(autocast="bfloat16" if amp else None, device=acc.device.type,
-                versions=package_versions(*TRAIN_VERSIONS))
-
-    def forward(batch: list[Sample]):
-        with torch.autocast(acc.device.type, dtype=torch.bfloat16) if amp else nullcontext():
-            return _forward(batch)
-
-    def _forward(batch: list[Sample]):
-        if objective in VERDICT_OBJECTIVES:  # log q(choice | prompt), (B, C)
-            return choice_logprobs(model, [s.prompt_ids for s in batch],
-                                   batch[0].choice_ids, pad, acc.device, share,
-                                   one_pass=acc.num_processes > 1)
-        if share:  # each shared prefix once (rlany.shared_prefix): the same numbers
-            logp, resp = shared_logprobs(model, [s.prompt_ids + s.response_ids for s in batch],
-                                         [len(s.prompt_ids) - 1 for s in batch], pad,
-                                         acc.device, one_pass=acc.num_processes > 1)
-            return logp, resp, torch.tensor([s.advantage for s in batch], device=acc.device)
-        return response_logprobs(model, collate(batch, pad), acc.device, keep)
+    forward, share = _forward_pass(acc, model, opts, meta, objective, pad)
 
     partial = output.with_name(output.name + ".partial")
     plan = state.plan_key(samples, steps)
@@ -227,13 +193,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
             group["lr"] = lr
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        seconds = time.perf_counter() - t0
-        held = sum(samples[i].length for i in steps[step])  # prompt and response, every token
-        record = {"step": step + 1, "of": len(steps),
-                  **{k: round(v, 6) if isinstance(v, float) else v for k, v in numbers.items()},
-                  "lr": lr, "sample_tokens": held, "tokens_per_s": round(held / seconds, 1),
-                  "samples_per_s": round(len(steps[step]) / seconds, 3),
-                  "seconds": round(seconds, 3)}
+        record = _step_record(numbers, step, steps, samples, lr, time.perf_counter() - t0)
         if acc.is_main_process:
             log(record)
         summary.update({k: record[k] for k in ("loss", "kl", "clip_frac", "grad_norm")})
@@ -248,6 +208,62 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
           {**meta, "metrics": summary, "options": asdict(opts)})
     acc.wait_for_everyone()
     return summary
+
+
+def _forward_pass(acc, model, opts: TrainFields, meta: dict, objective: str, pad: int):
+    """(forward, share): the prepared model's forward of a micro-batch for `objective`, and
+    whether it runs each shared prompt prefix once. Records the autocast, device and package
+    versions in `meta`."""
+    import torch
+
+    from rlany.compat import accepts_logits_to_keep
+    from rlany.outputs import package_versions
+    from rlany.shared_prefix import shareable, shared_logprobs
+    from rlany.training.model import TRAIN_VERSIONS, autocast_bf16
+    from rlany.training.verdict import choice_logprobs
+
+    keep = accepts_logits_to_keep(model)
+    # not on a GPU: there the plain batch ran 2.5x faster (H200, SmolLM2-360M's shape, LoRA
+    # and full; benchmarks/README.md "On a GPU"): a 4-D mask costs attention its fused kernels
+    share = (opts.share_prefix and keep and acc.device.type != "cuda"
+             and shareable(acc.unwrap_model(model)))
+
+    # full fine-tuning in bf16 (fp32 weights) and LoRA in bf16 on a GPU (fp32 adapters):
+    # the forward under bf16 autocast (our own context, not Accelerate's mixed_precision:
+    # that is fixed by the first Accelerator of a process, and one process may train
+    # several times: the loop's stages, a test run)
+    amp = autocast_bf16(opts, acc.device.type)
+    meta.update(autocast="bfloat16" if amp else None, device=acc.device.type,
+                versions=package_versions(*TRAIN_VERSIONS))
+
+    def forward(batch: list[Sample]):
+        with torch.autocast(acc.device.type, dtype=torch.bfloat16) if amp else nullcontext():
+            return _forward(batch)
+
+    def _forward(batch: list[Sample]):
+        if objective in VERDICT_OBJECTIVES:  # log q(choice | prompt), (B, C)
+            return choice_logprobs(model, [s.prompt_ids for s in batch],
+                                   batch[0].choice_ids, pad, acc.device, share,
+                                   one_pass=acc.num_processes > 1)
+        if share:  # each shared prefix once (rlany.shared_prefix): the same numbers
+            logp, resp = shared_logprobs(model, [s.prompt_ids + s.response_ids for s in batch],
+                                         [len(s.prompt_ids) - 1 for s in batch], pad,
+                                         acc.device, one_pass=acc.num_processes > 1)
+            return logp, resp, torch.tensor([s.advantage for s in batch], device=acc.device)
+        return response_logprobs(model, collate(batch, pad), acc.device, keep)
+
+    return forward, share
+
+
+def _step_record(numbers: dict, step: int, steps: list[list[int]], samples: list[Sample],
+                 lr: float, seconds: float) -> dict:
+    """The log record of optimizer step `step`: its numbers, learning rate and throughput."""
+    held = sum(samples[i].length for i in steps[step])  # prompt and response, every token
+    return {"step": step + 1, "of": len(steps),
+            **{k: round(v, 6) if isinstance(v, float) else v for k, v in numbers.items()},
+            "lr": lr, "sample_tokens": held, "tokens_per_s": round(held / seconds, 1),
+            "samples_per_s": round(len(steps[step]) / seconds, 3),
+            "seconds": round(seconds, 3)}
 
 
 def _check_finite(numbers: dict, step: int, output: Path) -> None:
