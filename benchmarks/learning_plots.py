@@ -15,6 +15,11 @@ record (made on another machine) are drawn too. Panels, each only where some arm
                             warm-started) and after each iteration; same band
     arms_accepted_tasks.png accepted new tasks per iteration (full); same band
     arms_rm_samples.png     reward-model samples trained per iteration; same band
+    arms_train_acc.png      success on the iteration's rollouts of the pool (the
+                            adapted pool, for arms that adapt); same band
+    arms_pool_difficulty.png  the pool's difficulty (the env's first measure, household:
+                            the mean shortest plan) after each iteration; same band
+    arms_adapted_share.png  the share of the pool that is rewritten tasks; same band
 
 `rlany report` (the -report/ directory's other plots) draws each run's own details.
 """
@@ -34,7 +39,12 @@ PANELS = {
     "judge_heldout": "judge step accuracy, held-out steps (band: 95% t over seeds)",
     "accepted_tasks": "accepted new tasks (band: 95% t over seeds)",
     "rm_samples": "reward-model samples trained (band: 95% t over seeds)",
+    "train_acc": "success on the pool's rollouts (band: 95% t over seeds)",
+    "pool_difficulty": "pool difficulty: mean shortest plan (band: 95% t over seeds)",
+    "adapted_share": "share of the pool rewritten (band: 95% t over seeds)",
 }
+ENV_LOOP = {"pool_difficulty": lambda e: next(iter((e.get("difficulty") or {}).values()), None),
+            "adapted_share": lambda e: e.get("adapted_share")}
 X_LABEL = {"success": "held-out evaluation",
            "judge_heldout": "iteration (-1: the judge the run started from)"}
 SUCCESS_TICKS = {-2: "base model", -1: "warm start"}
@@ -63,6 +73,8 @@ def _per_iteration(run: dict, panel: str) -> dict[int, float]:
         return {(-1 if name == start else int(name[5:])): j["bal_acc"]
                 for name, j in judges.items()
                 if (name == start or name.startswith("iter_")) and j.get("bal_acc") is not None}
+    elif panel in ENV_LOOP:  # the environment loop's numbers (arms that adapt)
+        values = [ENV_LOOP[panel](e) if e else None for e in run.get("env_loop") or []]
     else:
         values = run.get(panel) or []
     return {i: v for i, v in enumerate(values) if v is not None}

@@ -294,16 +294,27 @@ def headline(by_arm: dict[str, list[dict]]) -> dict:
     for arm, runs in by_arm.items():
         base = baseline(arm, warm_started(runs), by_arm)
         only = by_arm.get(base) if base else None
-        if not runs or not only:
-            continue
-        k0, n0 = (sum(r["final"][k] for r in only) for k in ("successes", "episodes"))
-        k1, n1 = (sum(r["final"][k] for r in runs) for k in ("successes", "episodes"))
-        diffs[arm] = {"value": round(k1 / n1 - k0 / n0, 4), "against": base,
-                      "ci95": gain_interval(k1, n1, k0, n0), "seeds": [len(runs), len(only)]}
+        if runs and only:
+            diffs[arm] = {**pooled_diff(runs, only), "against": base}
     # the full loop's row: untagged, else the warm-started one (`full [warm]`)
     full = next((a for a in ("full", "full [warm]") if a in diffs), None)
     out["full_minus_policy_only"] = {**diffs[full], "arm": full} if full else None
+    # the environment loop's issue: +adapt against policy-only, full against +adapt
+    out["adapt_minus_policy_only"] = ({**diffs["+adapt"], "arm": "+adapt"}
+                                      if "+adapt" in diffs else None)
+    out["full_minus_adapt"] = pooled_diff(by_arm.get("full"), by_arm.get("+adapt"))
     return out
+
+
+def pooled_diff(runs: list[dict] | None, against: list[dict] | None) -> dict | None:
+    """Final held-out success of `runs` minus `against`'s, each pooled over its seeds, with
+    the Newcombe 95% interval (None unless both have runs)."""
+    if not runs or not against:
+        return None
+    k0, n0 = (sum(r["final"][k] for r in against) for k in ("successes", "episodes"))
+    k1, n1 = (sum(r["final"][k] for r in runs) for k in ("successes", "episodes"))
+    return {"value": round(k1 / n1 - k0 / n0, 4), "ci95": gain_interval(k1, n1, k0, n0),
+            "seeds": [len(runs), len(against)]}
 
 
 def versus(head: dict, costs: dict | None) -> str:
@@ -315,6 +326,9 @@ def versus(head: dict, costs: dict | None) -> str:
              + (f", {costs[arm]:.2f}x its seconds per iteration" if costs and arm in costs
                 else "")
              for arm, d in diffs.items()]
+    if d := head.get("full_minus_adapt"):
+        lines.append(f"- full: final {d['value']:+.3f} ({d['ci95'][0]:+.3f} to "
+                     f"{d['ci95'][1]:+.3f}) against +adapt")
     return ("\n" + "\n".join(lines) + "\n") if lines else ""
 
 

@@ -188,3 +188,10 @@ def test_loop_adapts_without_a_judge_and_records_the_env_loop(tmp_path, tiny_mod
     assert loop[1]["pending"] == sum(loop[0]["proposed"].values())
     cands = read_jsonl(run / "iter_000" / "candidates.jsonl")
     assert cands and all("episodes" in c["candidate"]["critique"] for c in cands)
+    # rlany report: the env loop's table and panels, only for a run that adapts
+    from rlany.stages.report import write_report
+
+    write_report([str(run)], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "The environment loop:" in md and "| proposed (easier/harder) |" in md
+    assert (tmp_path / "report" / "adapted_share.png").exists()  # reasoning: no difficulty

@@ -1,13 +1,16 @@
 """`rlany report RUN_DIR [RUN_DIR ...]`: plots and tables of what a loop did.
 
 One run: PNG plots (train accuracy, eval success, judge accuracy and parse failures,
-accepted tasks per iteration, policy loss, time per stage) and `report.md` with the
-per-iteration table. Only the panels the runs have data for are drawn (a policy-only run
-has no judge and no task panels). Eval success carries its 95% Wilson interval as error
-bars. Several runs: the same plots with one line per run, except that the seeds of one arm
-(runs named ARM-sSEED, as the learning benchmark names them) are one line, their mean, with
-a band from the lowest to the highest seed; and a table comparing every run's base and
-final numbers side by side (the ablation table).
+accepted tasks per iteration, policy loss, time per stage; when the run adapts its tasks,
+the environment loop: pool difficulty, share of the pool adapted, success on candidates and
+on their parents) and `report.md` with the per-iteration table (and the env loop's:
+proposed, accepted, rejected by reason, difficulty, lineage depth). Only the panels the
+runs have data for are drawn (a policy-only run has no judge and no task panels). Eval
+success carries its 95% Wilson interval as error bars. Several runs: the same plots with
+one line per run, except that the seeds of one arm (runs named ARM-sSEED, as the learning
+benchmark names them) are one line, their mean, with a band from the lowest to the highest
+seed; and a table comparing every run's base and final numbers side by side (the ablation
+table).
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ PLOTS = [
     ("judge_label_accuracy", "judge step accuracy (judged rollouts)"),
     ("judge_parse_fail_rate", "judge unparseable rate"),
     ("accepted_tasks", "accepted new tasks"),
+    # the environment loop (flattened from metrics' env_loop by `env_rows`)
+    ("pool_difficulty", "pool difficulty (the env's first measure, mean)"),
+    ("adapted_share", "share of the pool adapted"),
+    ("candidate_acc", "success on decided candidates"),
+    ("candidate_parent_acc", "their parents' success"),
     ("policy_loss", "policy loss"),
 ]
 
@@ -53,7 +61,7 @@ def load_run(run: Path) -> dict:
                 bad.append("seconds")
             if bad:
                 raise RlanyError(f"{', '.join(bad)}: not a number", where=f"{metrics}:{lineno}")
-            rows.append(row)
+            rows.append(env_rows(row))
     base, init = run / "eval_base.json", run / "eval_init.json"
     evals = sorted(run.glob("iter_*/eval.json"))
     return {"name": run.name, "rows": rows,
@@ -61,6 +69,42 @@ def load_run(run: Path) -> dict:
             "init": _eval(init) if init.exists() else None,
             "final": _eval(evals[-1]) if evals else None,
             "final_iteration": int(evals[-1].parent.name[5:]) if evals else None}
+
+
+def env_rows(row: dict) -> dict:
+    """A metrics row with the env loop's numbers lifted to the top level for the panels:
+    pool_difficulty (the first measure the env reports, e.g. household's plan_length),
+    adapted_share, candidate_acc and candidate_parent_acc."""
+    env = row.get("env_loop")
+    if not isinstance(env, dict):
+        return row
+    difficulty = env.get("difficulty") if isinstance(env.get("difficulty"), dict) else {}
+    first = next(iter(difficulty.values()), None)
+    lifted = {"pool_difficulty": first, **{k: env.get(k) for k in (
+        "adapted_share", "candidate_acc", "candidate_parent_acc")}}
+    return {**row, **{k: v for k, v in lifted.items() if _number(v)}}
+
+
+def env_table(run: dict) -> str | None:
+    """The env loop per iteration (only a run that adapts has one)."""
+    rows = [r for r in run["rows"] if isinstance(r.get("env_loop"), dict)]
+    if not rows:
+        return None
+    out = ["| iteration | proposed (easier/harder) | accepted (easier/harder) | rejected "
+           "by reason | candidates' success vs parents | pool difficulty | adapted, depth "
+           "max |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e = r["env_loop"]
+        pair = lambda d: f"{(d or {}).get('easier', 0)}/{(d or {}).get('harder', 0)}"  # noqa: E731
+        why = ", ".join(f"{k} {v}" for k, v in sorted((e.get("rejected_by_reason") or {})
+                                                      .items())) or "-"
+        diff = ", ".join(f"{k} {_fmt(v)}" for k, v in (e.get("difficulty") or {}).items())
+        out.append(f"| {r['iteration']} | {pair(e.get('proposed'))} | "
+                   f"{pair(e.get('accepted_by_direction'))} | {why} | "
+                   f"{_fmt(e.get('candidate_acc'))} vs {_fmt(e.get('candidate_parent_acc'))} | "
+                   f"{diff or '-'} | {_fmt(e.get('adapted_share'))}, "
+                   f"{_fmt(e.get('lineage_depth_max'))} |")
+    return "\n".join(out)
 
 
 SEED = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
@@ -270,6 +314,8 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
         line = gain_line(run)
         md += [line, ""] if line else []
         md += [iteration_table(run), ""]
+        if table := env_table(run):
+            md += ["The environment loop:", "", table, ""]
         if run["base"]:
             md += [f"Base model eval success: {_fmt(run['base'].get('success_rate'))}, judge "
                    f"step accuracy: {_fmt(run['base'].get('judge_step_accuracy'))}", ""]
