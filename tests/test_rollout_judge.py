@@ -309,7 +309,7 @@ def test_cli_rollout_and_judge_read_stdin(tmp_path, cli):
 
 
 def test_gain_interval_matches_newcombes_examples():
-    from rlany.stages.eval import gain_interval
+    from rlany.stats import gain_interval
 
     # Newcombe (1998), Statistics in Medicine 17:873, Table II, method 10
     assert gain_interval(56, 70, 48, 80) == pytest.approx([0.0524, 0.3339], abs=1e-4)
@@ -318,7 +318,7 @@ def test_gain_interval_matches_newcombes_examples():
 
 
 def test_wilson_interval_matches_known_values():
-    from rlany.stages.eval import wilson_interval
+    from rlany.stats import wilson_interval
 
     assert wilson_interval(0, 0) is None
     lo, hi = wilson_interval(6, 32)          # the demo's base: 0.188

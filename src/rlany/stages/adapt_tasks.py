@@ -302,20 +302,35 @@ def _describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
 
 # -- the file driver: `rlany adapt-tasks` and the loop's adapt-tasks stage ---------------
 
+def _read_stats(paths: dict, opts: AdaptOptions, task_ids: set[str]) -> dict[str, TaskStats]:
+    """The stats, checked: of this pool (and its pending candidates) and from the rollout
+    the judgments and trajectories come from (another pool's would otherwise change nothing,
+    silently). A task none of whose episodes ran (the env failed each) has no accuracy: it
+    is left out, not taken for a hard task."""
+    from rlany.provenance import check_adapt_inputs, check_scored_from, judged_tasks
+    from rlany.stageio import read_stats
+
+    stats = read_stats(paths["--stats"], name=opts.stats, tasks=task_ids)
+    check_adapt_inputs(paths["--stats"], paths["--judgments"], (opts.stats, opts.judgments))
+    if opts.trajectories:
+        check_scored_from(paths["--stats"], paths["--trajectories"],
+                          (opts.stats, opts.trajectories))
+    if opts.judgments:
+        for task_id, where in judged_tasks(paths["--judgments"], opts.judgments).items():
+            if task_id not in stats:
+                raise RlanyError(f"judgments of task '{task_id}', which has no stats in "
+                                 f"{opts.stats}: these judgments come from another rollout",
+                                 where=where)
+    return {k: s for k, s in stats.items() if s.extra.get("ran", 1) > 0}
+
+
 def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     """Accept/reject pending candidates, then propose new ones; write pool + candidates."""
     from rlany import envs
     from rlany.console import info
     from rlany.outputs import atomic_outputs, write_meta
-    from rlany.provenance import check_adapt_inputs, check_scored_from, judged_tasks, sha256_file
-    from rlany.stageio import (
-        GEN_VERSIONS,
-        check_adapter,
-        prepare_paths,
-        read_stats,
-        read_tasks,
-        start_engine,
-    )
+    from rlany.provenance import sha256_file
+    from rlany.stageio import GEN_VERSIONS, check_adapter, prepare_paths, read_tasks, start_engine
 
     started = time.time()
     if opts.critic == "env" and not opts.trajectories:
@@ -333,20 +348,7 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     if opts.pending:
         pending_tasks, pending_reader = read_tasks(paths["--pending"], allow_empty=True,
                                                      name=opts.pending, check=check_candidate)
-    # the stats and judgments must be of this pool (and its pending candidates), from one
-    # rollout: another pool's would otherwise change nothing, silently
-    stats = read_stats(paths["--stats"], name=opts.stats,
-                       tasks={t.task_id for t in pool + pending_tasks})
-    check_adapt_inputs(paths["--stats"], paths["--judgments"], (opts.stats, opts.judgments))
-    if opts.trajectories:
-        check_scored_from(paths["--stats"], paths["--trajectories"],
-                          (opts.stats, opts.trajectories))
-    if opts.judgments:
-        for task_id, where in judged_tasks(paths["--judgments"], opts.judgments).items():
-            if task_id not in stats:
-                raise RlanyError(f"judgments of task '{task_id}', which has no stats in "
-                                 f"{opts.stats}: these judgments come from another rollout",
-                                 where=where)
+    stats = _read_stats(paths, opts, {t.task_id for t in pool + pending_tasks})
     inputs: list = [pool_reader, {"path": opts.stats, "sha256": sha256_file(paths["--stats"])}]
     if opts.pending:
         inputs.append(pending_reader)

@@ -1,7 +1,11 @@
 """`rlany eval`: a policy on held-out tasks, and the judge against ground truth.
 
-Policy: success rate over all trajectories, pass@k per task with the unbiased estimator
-1 - C(n-c, k) / C(n, k) (n samples, c successes), averaged over tasks, and mean steps.
+Policy: success rate over the episodes that ran, pass@k per task with the unbiased
+estimator 1 - C(n-c, k) / C(n, k) (n samples that ran, c successes), averaged over the tasks
+with at least k, and mean steps. An episode the env failed (finish "error") has no outcome:
+it counts in `errored` and in no rate, and the judge is measured without it; above
+`--max-error-share` errored episodes, or with none that ran, the eval fails in one line
+and writes nothing (`rlany.stages.episode_errors`).
 
 Judge (optional): the reward model judges the eval trajectories.
 * `judge_step_accuracy`: against the environment's own step labels (`info["label"]`, +1 or
@@ -23,14 +27,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, fields
-from math import comb, sqrt
 from statistics import fmean
 
 from rlany.errors import RlanyError
 from rlany.options import opt
 from rlany.prompts import VERDICT_MODES
 from rlany.records import MODES, Judgment, Trajectory
+from rlany.stages.episode_errors import ErrorBudget, errored, watched
 from rlany.stages.rollout import EpisodeFields
+from rlany.stats import pass_at_k, wilson_interval
 
 # eval's flags that are the judge's (eval key -> judge key); `rlany loop` fills them from
 # [judge] unless [eval] sets them
@@ -51,7 +56,7 @@ class EvalOptions(EpisodeFields):
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
     # the judge measured: the paper's step accuracy, reported by every loop iteration. Its
     # settings mirror `rlany judge`'s (the loop fills them from [judge]): a heading of their
-    # own in --help, not research switches (benchmarks/README.md, "Research switches")
+    # own in --help, not research switches (research/README.md, "Research switches")
     judge: bool = opt(False, "Also judge the eval trajectories: step accuracy against the "
                       "env's step labels, and the last step against the outcome.",
                       panel=JUDGE_PANEL)
@@ -102,51 +107,25 @@ class EvalOptions(EpisodeFields):
                                for eval_key, judge_key in JUDGE_FIELDS.items()})
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    if k > n:
-        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - comb(n - c, k) / comb(n, k)
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> list[float] | None:
-    """The 95% Wilson score interval of a success rate (sound at small n and at 0 or n
-    successes, unlike the normal approximation). Episodes of one task are correlated, so
-    for few tasks this is optimistic; it is the noise floor a gain must clear."""
-    if n == 0:
-        return None
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
-
-
-def gain_interval(k1: int, n1: int, k0: int, n0: int) -> list[float] | None:
-    """The 95% interval of a difference of success rates p1 - p0 (independent samples;
-    Newcombe's hybrid score interval from the two Wilson intervals)."""
-    if not n1 or not n0:
-        return None
-    p1, p0 = k1 / n1, k0 / n0
-    (lo1, hi1), (lo0, hi0) = wilson_interval(k1, n1), wilson_interval(k0, n0)
-    d = p1 - p0
-    return [round(d - sqrt((p1 - lo1) ** 2 + (hi0 - p0) ** 2), 4),
-            round(d + sqrt((hi1 - p1) ** 2 + (p0 - lo0) ** 2), 4)]
-
-
 def policy_metrics(groups: list[list[Trajectory]], ks: list[int]) -> dict:
-    flat = [t for g in groups for t in g]
+    """The policy's numbers over the episodes that ran; `trajectories` is their count (the
+    rates' denominator) and `errored` the count of the others."""
+    ran = [[t for t in g if not errored(t)] for g in groups]
+    flat = [t for g in ran for t in g]
     per_task = []
-    for g in groups:
-        c = sum(t.outcome == 1 for t in g)
-        per_task.append({"task_id": g[0].task_id, "n": len(g), "successes": c,
-                         **{f"pass@{k}": pass_at_k(len(g), c, k) for k in ks}})
+    for g, r in zip(groups, ran):
+        c = sum(t.outcome == 1 for t in r)
+        per_task.append({"task_id": g[0].task_id, "n": len(r), "successes": c,
+                         "errored": len(g) - len(r),
+                         **{f"pass@{k}": pass_at_k(len(r), c, k) if len(r) >= k else None
+                            for k in ks}})
+    passes = {k: [p[f"pass@{k}"] for p in per_task if p[f"pass@{k}"] is not None] for k in ks}
     return {
         "tasks": len(groups), "trajectories": len(flat),
+        "errored": sum(len(g) for g in groups) - len(flat),
         "success_rate": fmean(t.outcome == 1 for t in flat) if flat else 0.0,
         "success_ci95": wilson_interval(sum(t.outcome == 1 for t in flat), len(flat)),
-        **{f"pass@{k}": fmean(p[f"pass@{k}"] for p in per_task) if per_task else 0.0
-           for k in ks},
+        **{f"pass@{k}": fmean(passes[k]) if passes[k] else None for k in ks},
         "mean_steps": fmean(len(t.steps) for t in flat) if flat else 0.0,
         "on_plan_share": on_plan_share(flat),
         "per_task": per_task,
@@ -182,7 +161,7 @@ def judge_metrics(trajectories: list[Trajectory], judgments: list[Judgment]) -> 
             last_ok += sum(s.score == traj.outcome for s in last)
             mean = fmean(fmean(s.score for s in step.samples) for step in j.steps)
             agree += mean * traj.outcome > 0
-    from rlany.stages.judge import balanced_accuracy
+    from rlany.stats import balanced_accuracy
 
     return {
         "judge_step_accuracy": balanced_accuracy(steps),
@@ -214,21 +193,26 @@ def run(opts: EvalOptions, engine=None) -> dict:
         {"--judge-adapter": opts.judge_adapter})
     ropts, jopts = opts.rollout_options(), opts.judge_options()
     policy = {"model": engine.model, "adapter": opts.adapter}
-    groups = list(rollout(tasks, engine, envs.make_env, ropts, policy))
+    # too many errored episodes (or none that ran) fail here, before anything is written
+    budget = ErrorBudget(opts.max_error_share, expected=len(tasks) * opts.n,
+                         first_batch=min(opts.batch_tasks, len(tasks)),
+                         env_of={t.task_id: t.env for t in tasks})
+    groups = list(watched(rollout(tasks, engine, envs.make_env, ropts, policy), budget))
     summary = {"policy": policy, **policy_metrics(groups, list(opts.k))}
     flat = [t for g in groups for t in g]
-    if opts.trajectories:
+    if opts.trajectories:  # every episode, the errored ones as they ended
         with AtomicJsonl(opts.trajectories) as out:
             out.write_all(flat)
     if jopts is not None:
-        judged_groups = list(judge(flat, engine, jopts,
+        ran = [t for t in flat if not errored(t)]  # an errored outcome is no label
+        judged_groups = list(judge(ran, engine, jopts,
                                    {"model": engine.model, "adapter": jopts.adapter}))
         judged = [j for g in judged_groups for j in g]
         summary["judge"] = {"model": engine.model, "adapter": jopts.adapter,
                             "mode": jopts.mode, "verdict": jopts.verdict}
-        summary.update(judge_metrics(flat, judged))
+        summary.update(judge_metrics(ran, judged))
         if jopts.mode == "unit-tests":
-            outcomes = {t.traj_id: t.outcome for t in flat}
+            outcomes = {t.traj_id: t.outcome for t in ran}
             for g in judged_groups:
                 for key, value in unit_test_counts(g, outcomes).items():
                     summary[f"judge_{key}"] = summary.get(f"judge_{key}", 0) + value
@@ -244,10 +228,13 @@ def run(opts: EvalOptions, engine=None) -> dict:
                versions=GEN_VERSIONS)
     acc = summary.get("judge_step_accuracy")
     ci = summary["success_ci95"] or [0.0, 0.0]
+    errors = summary["errored"]
     info(f"eval: success {summary['success_rate']:.3f} (95% {ci[0]:.2f}-{ci[1]:.2f}) over "
          f"{summary['trajectories']} "
-         f"trajectories of {summary['tasks']} tasks, "
-         + ", ".join(f"pass@{k} {summary[f'pass@{k}']:.3f}" for k in opts.k)
+         f"trajectories of {summary['tasks']} tasks"
+         + (f" ({errors} more errored, not counted), " if errors else ", ")
+         + ", ".join(f"pass@{k} " + ("-" if summary[f"pass@{k}"] is None else
+                                     f"{summary[f'pass@{k}']:.3f}") for k in opts.k)
          + (f", judge step accuracy {acc:.3f}" if acc is not None else "")
          + f" -> {opts.output} ({summary['wall_time_s']:.1f}s)")
     return summary

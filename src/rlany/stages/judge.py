@@ -40,6 +40,7 @@ from rlany.records import (
     responses_digest,
 )
 from rlany.stages.unit_tests import unit_test_batch, unit_test_counts
+from rlany.stats import balanced_accuracy
 
 if TYPE_CHECKING:
     from rlany.outputs import ResumableJsonl
@@ -357,13 +358,6 @@ def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: in
             "completion_tokens": engine.stats.completion_tokens - tokens0,
             "generate_seconds": round(engine.stats.seconds - secs0, 3), **tests,
             **adapter_checks(engine)}
-
-
-def balanced_accuracy(by_label: dict[int, list[int]]) -> float | None:
-    """Mean over the step labels present of the share of verdicts equal to the label
-    ({label: [verdicts, correct]}): a constant judge scores 0.5 whatever the label mix."""
-    rates = [ok / n for n, ok in by_label.values() if n]
-    return sum(rates) / len(rates) if rates else None
 
 
 def _label_line(accuracy: float | None) -> str:

@@ -2,7 +2,7 @@
 
 Step rewards R_it = O_i + λ·S̄_it help the policy only when S̄ says something true about
 the steps; a judge at chance adds noise of the outcome's own size (λ = 1) (on learn.toml
-every judged arm ended about 0.1 below policy-only; benchmarks/README.md, "Each component
+every judged arm ended about 0.1 below policy-only; research/README.md, "Each component
 against policy-only", has what the gate did on mid.toml). Labels are not available to
 tell a good judge from a bad one, but the outcome is: a trajectory whose steps the judge
 scores well on balance should be one that succeeded. With
@@ -33,7 +33,7 @@ import statistics
 from collections.abc import Callable, Iterable
 
 from rlany.records import Judgment, Trajectory
-from rlany.stages.eval import wilson_interval
+from rlany.stats import wilson_interval
 
 Group = list[tuple[str, Trajectory, Judgment | None]]
 

@@ -214,7 +214,7 @@ def gain_line(run: dict) -> str | None:
 
 
 def _gain(before: dict, after: dict, what: str) -> str:
-    from rlany.stages.eval import gain_interval
+    from rlany.stats import gain_interval
 
     kb = round(before["success_rate"] * before["trajectories"])
     kf = round(after["success_rate"] * after["trajectories"])

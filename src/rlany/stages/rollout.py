@@ -6,7 +6,10 @@ whose chat history is identical (all n at the first turn) become one request wit
 samples, so they share the prompt's KV cache. Each response goes to its episode's
 `env.step`; the step keeps the exact messages the policy saw. An episode ends when the env
 says done (outcome +1 on success, else -1), at `max_steps` (finish "max_steps", outcome -1),
-or when the env raises (finish "error", outcome -1, the message in the step info).
+or when the env raises (finish "error", outcome -1, the message in the step info, or in the
+trajectory's `error` at reset). An errored episode has no outcome: no rate counts it and
+nothing trains on it; an env that cannot start, or errors on more than `max_error_share` of
+the episodes, fails the stage before it writes its output (`rlany.stages.episode_errors`).
 
 Image observations (GUI envs): the current observation's images go into the newest user
 message as image parts; earlier user messages keep only their text, so the prompt carries
@@ -47,6 +50,7 @@ from rlany.envs import Environment, split_obs
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
 from rlany.records import Step, Task, Trajectory, traj_id
+from rlany.stages.episode_errors import MAX_ERROR_SHARE, EnvFailed, ErrorBudget, errored, watched
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +69,11 @@ class EpisodeFields(EngineFields):
     constrain_actions: bool = opt(False, "Decode every response as exactly one of the env's "
                                   "admissible actions (envs with choices(): household, "
                                   "alfworld, miniwob, openenv; engines vllm, hf, fake).")
+    max_error_share: float = opt(MAX_ERROR_SHARE, "Fail, writing nothing, when more than this "
+                                 "share of the episodes ended in an env error (finish "
+                                 "\"error\": no outcome, counted in no rate); an env that "
+                                 "cannot start (the whole first batch failed at reset) fails "
+                                 "whatever this is.", min=0, max=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -322,29 +331,44 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
         todo = [t for t in tasks if t.task_id not in done]
         if done:
             info(f"rollout: resuming, {len(done)} of {len(tasks)} tasks already done")
+        budget = ErrorBudget(opts.max_error_share, expected=out.count + len(todo) * opts.n,
+                             first_batch=min(opts.batch_tasks, len(todo)),
+                             env_of={t.task_id: t.env for t in todo})
+        if done and not out.stream:
+            budget.resumed(out.partial)
         stats = engine.stats
         calls0, tokens0, secs0 = stats.calls, stats.completion_tokens, stats.seconds
-        successes = total = 0
+        successes = total = errors = 0
         try:
             with progress("rollout", len(todo)) as bar:
-                for group in rollout(todo, engine, envs.make_env, opts,
-                                     {"model": engine.model, "adapter": opts.adapter}):
+                for group in watched(rollout(todo, engine, envs.make_env, opts,
+                                             {"model": engine.model, "adapter": opts.adapter}),
+                                     budget):
                     out.write_group(group[0].task_id, group)
                     successes += sum(t.outcome == 1 for t in group)
+                    errors += sum(errored(t) for t in group)
                     total += len(group)
                     bar.advance()
+        except EnvFailed:
+            out.close()
+            if (budget.resumed_errors + errors or not out.count) and not out.stream:
+                # empty, or its errored episodes would be resumed as done: start over
+                out.partial.unlink(missing_ok=True)
+                out.index.unlink(missing_ok=True)
+            raise
         finally:
             out.close()
         out.finish()
     tokens, seconds = stats.completion_tokens - tokens0, stats.seconds - secs0
     counts = {"tasks": len(tasks), "input_tasks": input_tasks, "trajectories": out.count,
-              "new_trajectories": total,
-              "success_rate": successes / max(total, 1), "completion_tokens": tokens,
+              "new_trajectories": total, "errored": budget.errors,
+              "success_rate": successes / max(total - errors, 1), "completion_tokens": tokens,
               "generate_calls": stats.calls - calls0, "generate_seconds": round(seconds, 3),
               **adapter_checks(engine)}
     write_meta(opts.output, stage="rollout", flags=flags, inputs=[reader], counts=counts,
                started=started, versions=GEN_VERSIONS)
-    info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/{total}; "
+    info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/"
+         f"{total - errors}{f' ({errors} errored, not counted)' if errors else ''}; "
          f"{tokens} tokens, {tokens / seconds if seconds else 0:.0f} tokens/s "
          f"[{resolved_engine(flags)}] -> {opts.output} "
          f"({time.time() - started:.1f}s)")

@@ -27,7 +27,7 @@ Reward model (consistency feedback):
     differ, so |S̄_it| < 1 and, with λ <= 1, sign R_it = O_i). R_it itself
     (`--rm-target integrated`) holds the judge's own verdicts: a judge that says +1 on
     every step gets R = O + 1 = 0 on a failure, so it is never corrected, and it
-    collapsed to +1 in one iteration that way (benchmarks/LOG.md, 2026-11-23).
+    collapsed to +1 in one iteration that way (research/LOG.md, 2026-11-23).
     `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
     weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
     cheapest way to agree with R is to say -1 more often, whatever the step.
@@ -52,6 +52,9 @@ Task filter for the policy (`--uniform-tasks`): a task whose n rollouts all succ
 fail carries no outcome contrast. `separated` (default) keeps it only if step rewards still
 separate its trajectories at some shared step index; `drop` always drops it; `keep` never does.
 
+Errored episodes (finish "error": the env raised, so O_i = -1 is no outcome) take no part:
+not in n or acc(q), not in any I_t, not trained by either learner (`rlany.stages.episode_errors`).
+
 Streaming: trajectories are read one task group at a time (a group is the consecutive
 records with one task_id); judgments are read in lockstep and must be in trajectory order,
 which is how `rlany judge` writes them. Memory is bounded by the largest group.
@@ -69,8 +72,10 @@ from rlany.errors import RlanyError
 from rlany.options import opt
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
 from rlany.stages.advantages import standardize
+from rlany.stages.episode_errors import errored
 from rlany.stages.lam_gate import gated_lambda, judge_stats
 from rlany.stages.pairing import groups, paired
+from rlany.stages.rm_balance import balanced
 from rlany.stages.unit_tests import unit_test_rewards
 
 
@@ -135,6 +140,7 @@ class ScoreOptions:
 
 
 Located = tuple[str, object]  # ("path:line", record)
+NO_RUN = "every episode errored: no outcome"
 
 
 def score_stream(trajectories: Iterable[tuple[str, Trajectory]],
@@ -149,38 +155,29 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                 opts: ScoreOptions) -> tuple[list[Scored], TaskStats]:
     trajs = [t for _, t, _ in group]
     judgments = [j for _, _, j in group]
-    n = len(trajs)
-    successes = sum(t.outcome == 1 for t in trajs)
-    acc = successes / n
+    # an errored episode (finish "error": the env raised) has no outcome: it is in no acc,
+    # no standardization group and no training sample (rlany.stages.episode_errors)
+    ran = [not errored(t) for t in trajs]
+    n = sum(ran)
+    successes = sum(t.outcome == 1 for t, ok in zip(trajs, ran) if ok)
+    acc = successes / n if n else 0.0
 
     # R_it = O_i + λ · mean_j S_itj (or λ · L_it, the env's label, with --step-scores label)
     step_scores = _step_scores(group, opts)
     rewards = [[tr.outcome + opts.lam * s for s in scores]
                for tr, scores in zip(trajs, step_scores)]
-
-    # A_it: standardize R across the trajectories that reach step index t.
-    advantages = [[0.0] * len(r) for r in rewards]
-    separated = False
-    for t in range(max((len(r) for r in rewards), default=0)):
-        members = [i for i, r in enumerate(rewards) if t < len(r)]
-        if len(members) == 1:
-            i = members[0]
-            advantages[i][t] = rewards[i][t] if opts.lone_step == "raw" else 0.0
-            continue
-        std_adv = standardize([rewards[i][t] for i in members])
-        separated |= any(a != 0.0 for a in std_adv)
-        for i, a in zip(members, std_adv):
-            advantages[i][t] = a
+    advantages, separated = _advantages(rewards, ran, opts.lone_step)
 
     candidate = any(t.extra.get("candidate") for t in trajs)
-    policy_keep, policy_reason = _policy_filter(candidate, successes in (0, n), separated,
-                                                opts.uniform_tasks)
-    rm_keep = opts.rm_acc_min <= acc <= opts.rm_acc_max and not candidate
-    rm_reason = ("candidate task, not accepted yet" if candidate else
+    policy_keep, policy_reason = (_policy_filter(candidate, successes in (0, n), separated,
+                                                 opts.uniform_tasks) if n else (False, NO_RUN))
+    rm_keep = n > 0 and opts.rm_acc_min <= acc <= opts.rm_acc_max and not candidate
+    rm_reason = ("candidate task, not accepted yet" if candidate else NO_RUN if not n else
                  "acc within rm range" if rm_keep else
                  f"acc {acc:.2f} outside [{opts.rm_acc_min}, {opts.rm_acc_max}]")
 
-    tests = unit_test_rewards(group, rm_keep, opts.unparseable_penalty)
+    tests = unit_test_rewards([(w, tr, j if ok else None) for (w, tr, j), ok in zip(group, ran)],
+                              rm_keep, opts.unparseable_penalty)
     # the sampled estimator's consistency reward R_it · S_itj, and the exact objectives'
     # verdict target (the scored step's rm_target): O_i, R_it or the env label L_it
     targets = (_labels(group, "--rm-target label")
@@ -192,14 +189,14 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
     for i, (tr, judgment) in enumerate(zip(trajs, judgments)):
         steps = []
         for t, step in enumerate(tr.steps):
-            keep = policy_keep and advantages[i][t] != 0.0
+            keep = policy_keep and advantages[i][t] != 0.0  # an errored one's is 0
             policy_samples += keep
             if tests is not None:
                 judge = tests(i)
             else:
-                judge = _consistency(judgment, t, targets[i][t], rm_keep, opts)
+                judge = _consistency(judgment, t, targets[i][t], rm_keep and ran[i], opts)
             rm_samples += sum(s.keep for s in judge)
-            judged = (tests is None and rm_keep and judgment is not None
+            judged = (tests is None and rm_keep and ran[i] and judgment is not None
                       and judgment.skipped is None and t < len(judgment.steps))
             steps.append(ScoredStep(
                 step=t, prompt_messages=step.prompt_messages, response=step.response,
@@ -214,14 +211,40 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                              policy=tr.policy, extra=tr.extra))
 
     if opts.rm_balance and tests is None:
-        scored = _balanced(scored, targets)
+        scored = balanced(scored, targets)
+    # n, acc and the judge's fields over the episodes that ran; when none did, n counts
+    # the errored ones (n >= 1 is the record's rule) and `ran: 0` says so
+    idx = [k for k, ok in enumerate(ran) if ok]
     stats = TaskStats(
-        task_id=trajs[0].task_id, n=n, successes=successes, acc=acc,
-        mean_steps=statistics.fmean(len(t.steps) for t in trajs),
+        task_id=trajs[0].task_id, n=n or len(trajs), successes=successes, acc=acc,
+        mean_steps=statistics.fmean(len(trajs[k].steps) for k in idx or range(len(trajs))),
         policy_keep=policy_keep, policy_reason=policy_reason, rm_keep=rm_keep,
         rm_reason=rm_reason, policy_samples=policy_samples, rm_samples=rm_samples,
-        **judge_stats(trajs, judgments, step_scores))
+        **judge_stats([trajs[k] for k in idx], [judgments[k] for k in idx],
+                      [step_scores[k] for k in idx]),
+        extra={"errored": len(trajs) - n, "ran": n} if n < len(trajs) else {})
     return scored, stats
+
+
+def _advantages(rewards: list[list[float]], ran: list[bool], lone_step: str
+                ) -> tuple[list[list[float]], bool]:
+    """A_it: R standardized across the trajectories that ran and reach step index t (an
+    errored one keeps 0), and whether any step index separates them."""
+    advantages = [[0.0] * len(r) for r in rewards]
+    separated = False
+    for t in range(max((len(r) for r in rewards), default=0)):
+        members = [i for i, r in enumerate(rewards) if ran[i] and t < len(r)]
+        if not members:
+            continue
+        if len(members) == 1:
+            i = members[0]
+            advantages[i][t] = rewards[i][t] if lone_step == "raw" else 0.0
+            continue
+        std_adv = standardize([rewards[i][t] for i in members])
+        separated |= any(a != 0.0 for a in std_adv)
+        for i, a in zip(members, std_adv):
+            advantages[i][t] = a
+    return advantages, separated
 
 
 def _step_scores(group: list[tuple[str, Trajectory, Judgment | None]], opts: ScoreOptions
@@ -246,29 +269,6 @@ def _policy_filter(candidate: bool, uniform: bool, separated: bool, uniform_task
     return False, "uniform outcome"
 
 
-def _balanced(scored: list[Scored], targets: list[list[float]]) -> list[Scored]:
-    """--rm-balance: the advantages of a task's kept reward-model samples, scaled per step
-    so the steps whose target (R, or the label under --rm-target label) is > 0 and those
-    where it is < 0 carry equal total weight (each side k / (2 k_side) for k kept steps; a
-    lone step among many can weigh several times one); a step with target 0 (R = 0: an
-    unparseable verdict beside agreeing ones) keeps weight 1, and a task with kept steps on
-    one side only is unchanged. Per task, like the standardization: a task's rollouts are
-    one group."""
-    sides = [target > 0 for tr, row in zip(scored, targets)
-             for step, target in zip(tr.steps, row)
-             if target != 0 and any(j.keep for j in step.judge)]
-    k, k_pos = len(sides), sum(sides)
-    if k_pos in (0, k):
-        return scored
-    weight = {1: k / (2 * k_pos), -1: k / (2 * (k - k_pos)), 0: 1.0}
-
-    def sign(r: float) -> int:
-        return (r > 0) - (r < 0)
-    return [replace(tr, steps=[replace(step, judge=[
-        replace(j, advantage=j.advantage * weight[sign(target)]) for j in step.judge])
-        for step, target in zip(tr.steps, row)]) for tr, row in zip(scored, targets)]
-
-
 def _labels(group: list[tuple[str, Trajectory, Judgment | None]], why: str
             ) -> list[list[float]]:
     """--rm-target label / --step-scores label: each step's env label (+1 / -1), checked at
@@ -278,7 +278,9 @@ def _labels(group: list[tuple[str, Trajectory, Judgment | None]], why: str
         row = []
         for t, step in enumerate(tr.steps):
             label = step.info.get("label")
-            if label not in (1, -1):
+            if label not in (1, -1) and errored(tr):
+                label = 0  # the step the env failed on: not trained on, never labelled
+            elif label not in (1, -1):
                 raise RlanyError(f"{why}: step {t} of trajectory '{tr.traj_id}' "
                                  f"has no env step label (info.label is {label!r})",
                                  where=where, hint="use an env with step labels (household, "
@@ -334,13 +336,15 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
     judge_reader = (JsonlReader(paths["--judgments"], Judgment, "judgments",
                                 name=opts.judgments) if opts.judgments else None)
     counts = {"tasks": 0, "pool_tasks": 0, "candidate_tasks": 0, "trajectories": 0,
-              "policy_samples": 0, "rm_samples": 0}
+              "errored": 0, "policy_samples": 0, "rm_samples": 0}
     acc_sum = agree_sum = 0.0
     agree_n = 0
     scoring = opts
     if opts.lam_gate == "agreement":  # a pre-pass over the input (stdin was spooled above)
-        lam, counts["lam_gate"] = gated_lambda(groups(paired(traj_reader, judge_reader)),
-                                               opts.lam, lambda group: _step_scores(group, opts))
+        lam, counts["lam_gate"] = gated_lambda(
+            ([x for x in g if not errored(x[1])] for g in groups(paired(traj_reader,
+                                                                         judge_reader))),
+            opts.lam, lambda group: _step_scores(group, opts))
         scoring = replace(opts, lam=lam)
     counts["lam"] = scoring.lam
     with atomic_outputs(opts.output, stats) as (out, st):  # both files, or neither
@@ -352,9 +356,12 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
             counts["trajectories"] += len(scored)
             counts["policy_samples"] += task_stats.policy_samples
             counts["rm_samples"] += task_stats.rm_samples
+            counts["errored"] += task_stats.extra.get("errored", 0)
             if scored and scored[0].extra.get("candidate"):
                 counts["candidate_tasks"] += 1
                 continue  # train_acc is the pool's accuracy; candidates are still on trial
+            if task_stats.extra.get("ran") == 0:
+                continue  # no episode ran: the task has no accuracy to average
             counts["pool_tasks"] += 1
             acc_sum += task_stats.acc
             if task_stats.judge_outcome_agreement is not None:
@@ -370,6 +377,8 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
                        started=started)
     info(f"score: {counts['trajectories']} trajectories in {counts['tasks']} tasks "
          f"({counts['candidate_tasks']} candidates), pool acc {counts['mean_acc']:.3f}, "
+         + (f"{counts['errored']} errored (in no acc, not trained on), "
+            if counts["errored"] else "") +
          f"{counts['policy_samples']} policy samples, {counts['rm_samples']} reward-model "
          f"samples{_gate_line(counts)} -> {opts.output} ({time.time() - started:.1f}s)")
     return counts
