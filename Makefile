@@ -70,7 +70,7 @@ test-slow: install
 	$(BIN)/pytest -q -m 'slow or not slow'
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks research
 
 golden: install
 	$(PY) stages/golden.py
@@ -88,61 +88,63 @@ bench: install
 bench-all: install
 	$(PY) benchmarks/run_all.py --all --readme
 
+# The lab: every target below runs a research/ script (research/README.md).
+
 # Does the loop learn? policy-only and the full loop, 3 seeds each, SmolLM2-135M on the
 # household env (hours on 2 CPU cores; resumable: rerun to continue); writes
-# benchmarks/results/learning.*. The reduced version (seed 0, policy-only and full,
+# research/results/learning.*. The reduced version (seed 0, policy-only and full,
 # 2 iterations) has its own runs and results (runs/learning-reduced, learning-reduced.*).
 bench-learning: install
-	$(PY) benchmarks/learning.py --readme
+	$(PY) research/learning.py --readme
 
 bench-learning-reduced: install
-	$(PY) benchmarks/learning.py --reduced
+	$(PY) research/learning.py --reduced
 
 # the same arms from a warm start (expert demonstrations + rlany sft): rows "ARM [warm]"
 bench-learning-warm: install
-	$(PY) benchmarks/learning.py --warm-start --seeds 0 1 2 --readme
+	$(PY) research/learning.py --warm-start --seeds 0 1 2 --readme
 
 # the second env: policy-only (3 seeds) and the full loop (seed 0) on single-digit sums
 # (examples/reasoning/learn.toml, ~7 min a policy-only run here): learning-reasoning.*
 bench-learning-reasoning: install
-	$(PY) benchmarks/learning.py --config examples/reasoning/learn.toml \
+	$(PY) research/learning.py --config examples/reasoning/learn.toml \
 		--bench learning-reasoning --arms policy-only --seeds 0 1 2
-	$(PY) benchmarks/learning.py --config examples/reasoning/learn.toml \
+	$(PY) research/learning.py --config examples/reasoning/learn.toml \
 		--bench learning-reasoning --arms full --seeds 0 --readme
 
 # the GUI env: policy-only on MiniWoB++ pages (examples/miniwob/learn.toml, 3 seeds):
 # learning-miniwob.*; needs the browser (`make install` says when it could not install it)
 bench-learning-miniwob: install
-	$(PY) benchmarks/learning.py --config examples/miniwob/learn.toml \
+	$(PY) research/learning.py --config examples/miniwob/learn.toml \
 		--bench learning-miniwob --arms policy-only --seeds 0 1 2 --readme
 
 # make demo's settings (learn.toml, grouped batches, 64 held-out episodes per evaluation),
 # 3 seeds: rows "policy-only [demo]" of the learning table; its time: benchmarks/bench_demo.py
 bench-learning-demo: install
-	$(PY) benchmarks/learning.py --arms policy-only --tag demo \
+	$(PY) research/learning.py --arms policy-only --tag demo \
 		--set train_policy.batch_order=grouped --set eval.n=2 --seeds 0 1 2 --readme
 
 # The judge in the loop (issue "The judge learns"): policy-only, +rm (consistency feedback
 # alone) and full, 3 seeds each, each rm run's judge scored on fixed held-out labelled steps
-# (judge_heldout.py): benchmarks/results/learning-judge-logloss.json with judge_gain and
+# (judge_heldout.py): research/results/learning-judge-logloss.json with judge_gain and
 # full_minus_policy_only (learn.toml's train-rm objective, logloss; learning-judge.json holds
 # the earlier `expected` runs). ~25 min a judged run on a 2-core AVX-512 CPU (bf16), ~55 on
 # AVX2 (fp32); resumable.
 bench-learning-judge: install
-	$(PY) benchmarks/learning.py --arms policy-only +rm full --seeds 0 1 2 \
+	$(PY) research/learning.py --arms policy-only +rm full --seeds 0 1 2 \
 		--bench learning-judge-logloss --readme
 
 # The upper bound of step feedback (issue "The judge learns", item 4): S = the env's own step
 # labels (no judge), against policy-only on the same machine, 3 seeds each; and policy-only
 # with --batch-order grouped (the faster training order) beside them:
-# benchmarks/results/learning-upper.*. ~20 min a label run, ~11 a policy-only run on a
+# research/results/learning-upper.*. ~20 min a label run, ~11 a policy-only run on a
 # 2-core AVX-512 CPU (bf16); resumable.
 bench-learning-upper: install
-	$(PY) benchmarks/learning.py --arms +step --tag label --set score.step_scores=label \
+	$(PY) research/learning.py --arms +step --tag label --set score.step_scores=label \
 		--seeds 0 1 2 --bench learning-upper
-	$(PY) benchmarks/learning.py --arms policy-only --tag grouped \
+	$(PY) research/learning.py --arms policy-only --tag grouped \
 		--set train_policy.batch_order=grouped --seeds 0 1 2 --bench learning-upper
-	$(PY) benchmarks/learning.py --arms policy-only --seeds 0 1 2 --bench learning-upper --readme
+	$(PY) research/learning.py --arms policy-only --seeds 0 1 2 --bench learning-upper --readme
 
 # The same upper bound on the longer horizons: `make bench-learning-upper-mid` (mid.toml,
 # plans of 4-6 in 8 turns) or `-long` (long.toml, 4-8 in 10), results learning-mid/-long.*.
@@ -150,22 +152,22 @@ bench-learning-upper: install
 # policy-only run shares the label run's base evaluation (same flags: `eval.judge=false`)
 bench-learning-upper-%: install
 	for s in 0 1 2; do \
-	  $(PY) benchmarks/learning.py --config examples/household/$*.toml --bench learning-$* \
+	  $(PY) research/learning.py --config examples/household/$*.toml --bench learning-$* \
 	    --arms +step --tag label --set score.step_scores=label --set eval.judge=false \
 	    --seeds $$s || exit 1; \
-	  $(PY) benchmarks/learning.py --config examples/household/$*.toml --bench learning-$* \
+	  $(PY) research/learning.py --config examples/household/$*.toml --bench learning-$* \
 	    --arms policy-only --seeds $$s || exit 1; \
 	done
-	$(PY) benchmarks/learning.py --config examples/household/$*.toml --bench learning-$* \
+	$(PY) research/learning.py --config examples/household/$*.toml --bench learning-$* \
 	  --report-only --readme
 
 # The ablation on the config where perfect step labels helped (issue "The judge learns",
 # item 5): examples/household/mid.toml from a warm start at train_policy.lr 1e-4, seeds
 # interleaved: policy-only, +step (the base judge's step rewards), +rm (+ its consistency
 # training), full (+ task adaptation), and full from a supervised judge (not label-free,
-# its own row): benchmarks/results/learning-mid-lr1e4.*. ~25 min a policy-only run, ~35-50 a
+# its own row): research/results/learning-mid-lr1e4.*. ~25 min a policy-only run, ~35-50 a
 # judged one on a 2-core AVX-512 CPU (bf16); resumable (a finished run is skipped).
-ABLATION = $(PY) benchmarks/learning.py --config examples/household/mid.toml \
+ABLATION = $(PY) research/learning.py --config examples/household/mid.toml \
 	--bench learning-mid-lr1e4 --warm-start --set eval.judge=false --set train_policy.lr=1e-4
 bench-learning-ablation: install
 	for s in 0 1 2; do \
@@ -177,20 +179,20 @@ bench-learning-ablation: install
 	$(ABLATION) --report-only --readme
 
 # Can the 135M judge learn the household step labels (supervised), and what does the
-# outcome (the consistency target) teach it? benchmarks/results/judge_capacity.json
+# outcome (the consistency target) teach it? research/results/judge_capacity.json
 bench-judge-capacity: install
-	$(PY) benchmarks/judge_capacity.py --readme
+	$(PY) research/judge_capacity.py --readme
 
 # Defaults from evidence: policy-only runs of learn.toml, one knob varied at a time
-# (~10-15 min a run here; resumable). benchmarks/README.md's sweep table comes from it; the sums'
+# (~10-15 min a run here; resumable). research/README.md's sweep table comes from it; the sums'
 # sweep (bench-sweep-reasoning) borrows its default runs from bench-learning-reasoning.
 bench-sweep: install
-	$(PY) benchmarks/sweep.py --vary rollout.n=4 --vary train_policy.target_modules=all-linear \
+	$(PY) research/sweep.py --vary rollout.n=4 --vary train_policy.target_modules=all-linear \
 		--vary rollout.temperature=0.7 --vary train_policy.epochs=2 \
 		--vary rollout.sample_tasks=8,32 --vary train_policy.lora_r=32 --readme
 
 bench-sweep-reasoning: install
-	$(PY) benchmarks/sweep.py --config examples/reasoning/learn.toml --bench sweep-reasoning \
+	$(PY) research/sweep.py --config examples/reasoning/learn.toml --bench sweep-reasoning \
 		--default-from runs/learning-reasoning --vary train_policy.lr=1e-4,1e-3 \
 		--vary rollout.n=4 --readme
 

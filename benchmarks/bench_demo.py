@@ -28,15 +28,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import check_name, cpu_setting, save  # noqa: E402
-from learning_summary import _eval  # noqa: E402  # an eval.json as successes / episodes
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MIN = 15
 
 
+def successes(path: Path) -> tuple[int, int]:
+    """(successes, episodes) of an `rlany eval` summary (eval.json)."""
+    e = json.loads(path.read_text())
+    return round(e["success_rate"] * e["trajectories"]), e["trajectories"]
+
+
 def main() -> None:
     from rlany.compat import resolve_dtype
-    from rlany.stages.eval import gain_interval
+    from rlany.stats import gain_interval
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", help="the run's name under runs/ (default demo-bench-SETTING)")
@@ -56,9 +61,8 @@ def main() -> None:
                    env={**{k: v for k, v in os.environ.items() if k != "DEMO_CONFIG"},
                         "DEMO_NAME": name})  # the demo as `make demo` runs it
     minutes = (time.time() - t0) / 60
-    base, final = _eval(run / "eval_base.json"), _eval(sorted(run.glob("iter_*/eval.json"))[-1])
-    (k0, n0), (k1, n1) = (base["successes"], base["episodes"]), (final["successes"],
-                                                               final["episodes"])
+    (k0, n0), (k1, n1) = (successes(run / "eval_base.json"),
+                          successes(sorted(run.glob("iter_*/eval.json"))[-1]))
     interval = gain_interval(k1, n1, k0, n0)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
     stages: dict[str, float] = {}

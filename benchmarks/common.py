@@ -1,8 +1,8 @@
-"""Shared by the benchmark scripts: machine facts and the results file."""
+"""Shared by the benchmark scripts: machine facts and the results file. research/lab.py
+uses the same ones for the research scripts' results (their own folder and README)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -37,26 +37,6 @@ def boot_id() -> str | None:
         return None
 
 
-@functools.cache
-def _boot_time() -> int | None:
-    """When this machine booted (`/proc/stat` btime, seconds since the epoch)."""
-    try:
-        return next(int(line.split()[1]) for line in
-                    Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-    except (OSError, StopIteration, ValueError):
-        return None
-
-
-def made_since_boot(path: Path) -> bool:
-    """Whether `path` was last written after this machine booted: a run directory that was
-    is this host's work; one from before may be another host's."""
-    btime = _boot_time()
-    try:
-        return btime is not None and path.stat().st_mtime >= btime
-    except OSError:
-        return False
-
-
 # the instruction-set switches of torch's own kernels, oneDNN and MKL: set to AVX2, an
 # AVX-512 machine runs what an AVX2-only one would
 ISA_SWITCHES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
@@ -73,9 +53,12 @@ def cpu_setting(dtype: str) -> tuple[str, dict]:
     return f"{cpu_capability().lower()}{forced}-{dtype}", switches
 
 
-def save(name: str, result: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def save(name: str, result: dict, results: Path | None = None) -> Path:
+    """RESULTS/NAME.json (or `results`/NAME.json): the result with its name and the machine
+    it ran on."""
+    results = results or RESULTS
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{name}.json"
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **result}, indent=2)
                     + "\n")
     return path
@@ -92,8 +75,8 @@ BENCH_README = Path(__file__).parent / "README.md"  # the generated tables live 
 
 def write_readme_block(block: str, text: str, readme: Path = BENCH_README) -> None:
     """Replace what stands between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` in
-    benchmarks/README.md with `text` (the generated tables: bench-table, learning-table,
-    sweep-table and their variants)."""
+    `readme` (benchmarks/README.md: its bench-table; research/README.md: the learning, sweep
+    and judge tables) with `text`."""
     begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
     doc = readme.read_text()
     if begin not in doc or end not in doc:

@@ -2,7 +2,7 @@
 and `make bench-all` rewrite it; `python benchmarks/readme_table.py` alone regenerates it
 from the committed results). One row per result file: what was measured, the figure, the
 target, whether it was met, and the machine it ran on (CPU capability, dtype, date).
-The learning benchmark and the sweep have their own tables.
+research/ keeps its results and tables apart (research/results/, research/README.md).
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, write_readme_block  # noqa: E402
-
-OWN_TABLES = ("learning", "sweep", "judge")  # and their variants (learning-reduced,
-# sweep-reasoning); judge-*: the judge's analyses, read in their own README section
 
 
 def _training(r: dict) -> str:
@@ -138,7 +135,7 @@ def table(results: Path = RESULTS) -> str:
     rows = []
     for path in sorted(results.glob("*.json")):
         r = json.loads(path.read_text())
-        if "benchmark" not in r or r["benchmark"].split("-")[0] in OWN_TABLES:
+        if "benchmark" not in r:  # gpu.json: its own table, by hand
             continue
         rows.append(row(r))
     if not rows:

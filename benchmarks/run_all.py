@@ -1,8 +1,8 @@
 """`make bench`: run the benchmarks side by side and print one table.
 
 Fast ones by default; `--all` adds the model benchmarks (minutes: SmolLM2 on the CPU).
-Results: benchmarks/results/<name>.json (machine and versions included). The learning
-benchmark is its own target (`make bench-learning`: hours).
+Results: benchmarks/results/<name>.json (machine and versions included). Whether the loop
+learns is research/'s (`make bench-learning`: hours; research/README.md).
 """
 
 from __future__ import annotations

@@ -72,14 +72,20 @@ def test_research_switch_is_out_of_help_but_a_flag_and_a_loop_key(monkeypatch):
     assert to_argv("toy", ToyOptions(probe="on")) == ["rlany", "toy", "--probe", "on"]
 
 
+SWITCH_TABLES = ("research/README.md", "benchmarks/README.md")  # each with its users
+
+
 def _research_table() -> str:
-    doc = (ROOT / "benchmarks" / "README.md").read_text()
-    return doc[doc.index("## Research switches"):]
+    """The "## Research switches" sections of SWITCH_TABLES: a switch is documented beside
+    the experiment or speed benchmark that uses it."""
+    docs = [(ROOT / name).read_text() for name in SWITCH_TABLES]
+    return "\n".join(doc[doc.index("## Research switches"):] for doc in docs)
 
 
 def test_every_research_switch_is_documented_with_its_benchmark():
-    """Each diagnostic field of a stage is listed in benchmarks/README.md's research table,
-    and its command offers --help-all; an ordinary field is never listed there."""
+    """Each diagnostic field of a stage is listed in a research-switches table (research/ or
+    benchmarks/ README), and its command offers --help-all; an ordinary field is never
+    listed there."""
     table = _research_table()
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     from rlany.cli import app
@@ -90,13 +96,13 @@ def test_every_research_switch_is_documented_with_its_benchmark():
         for key in diagnostic:
             flag = "--" + key.replace("_", "-")
             assert any(f"`{command_name}`" in r and f"`{flag}" in r for r in rows), \
-                f"{command_name} {flag} is a research switch missing from benchmarks/README.md"
+                f"{command_name} {flag} is a research switch missing from {SWITCH_TABLES}"
         if diagnostic:
             result = CliRunner().invoke(app, [command_name, "--help-all"])
             assert result.exit_code == 0 and RESEARCH_PANEL in result.output
     listed = set(re.findall(r"`(--[a-z-]+)", "\n".join(r.split("|")[2] for r in rows)))
     known = {"--" + k.replace("_", "-") for stage in COMMANDS for k in specs(stage.options)}
-    assert listed <= known, f"benchmarks/README.md lists flags no stage has: {listed - known}"
+    assert listed <= known, f"{SWITCH_TABLES} list flags no stage has: {listed - known}"
 
 
 def test_eval_groups_the_judge_settings(monkeypatch):

@@ -1,4 +1,4 @@
-"""benchmarks/judge_cost.py: the tokens the judge reads and trains on beside the policy's,
+"""research/judge_cost.py: the tokens the judge reads and trains on beside the policy's,
 counted from a run's files with the model's chat template."""
 
 import json
@@ -6,7 +6,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
 
 import judge_cost  # noqa: E402
 

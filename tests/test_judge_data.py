@@ -1,11 +1,11 @@
-"""The judge benchmarks' labelled steps (benchmarks/judge_data.py) follow the config's
+"""The judge benchmarks' labelled steps (research/judge_data.py) follow the config's
 horizon: judge_heldout.py --max-steps scores mid.toml's judges on 8-turn episodes."""
 
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "research"))
 
 from judge_data import episodes, judged_steps  # noqa: E402
 

@@ -1,10 +1,10 @@
-"""benchmarks/judge_readable.py: a rule that reads only the judge's prompt against the env's
+"""research/judge_readable.py: a rule that reads only the judge's prompt against the env's
 step labels, and the policy's own judged steps read back from a run (judge_data)."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
 
 import judge_capacity  # noqa: E402
 import judge_data  # noqa: E402

@@ -1,14 +1,14 @@
-"""The learning benchmark's arm plots (benchmarks/learning_plots.py): one line per arm from
+"""The learning benchmark's arm plots (research/learning_plots.py): one line per arm from
 the per-run records, the mean over seeds with a 95% band."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
 
 from learning_plots import arm_lines, draw  # noqa: E402
 
-from rlany.stages.eval import wilson_interval  # noqa: E402
+from rlany.stats import wilson_interval  # noqa: E402
 
 
 def _run(final: int, *, warm: bool = False, judges: dict | None = None,

@@ -1,11 +1,11 @@
 """The learning benchmark's comparisons: each arm against the policy-only run that started
-where it did (benchmarks/learning_summary.py), so a warm-started arm is never credited
+where it did (research/learning_summary.py), so a warm-started arm is never credited
 with its warm start."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
 
 from learning_summary import baseline, cost_ratios, headline  # noqa: E402
 

@@ -4,7 +4,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
 
 import rm_replay  # noqa: E402
 
@@ -20,8 +20,8 @@ def _judged(d: Path, gain: float, step_seconds: list[float]) -> None:
 
 
 def test_summary_reports_the_judges_and_train_rm_seconds(tmp_path, monkeypatch):
-    import common
-    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    import lab
+    monkeypatch.setattr(lab, "RESULTS", tmp_path / "results")
     for seed, (as_run, replayed) in enumerate(((6.0, 4.0), (9.0, 3.0))):
         _judged(tmp_path / f"run{seed}", 0.1, [as_run / 2, as_run / 2])
         _judged(tmp_path / f"rep{seed}", 0.2, [replayed])

@@ -17,8 +17,9 @@ every stage; "io" fields (paths, adapters, the iteration) are flags the loop set
 
 Research switches: `opt(..., diagnostic=True)` marks a field added to diagnose an
 experiment. It stays a flag and a loop key like any other, but `--help` leaves it out; the
-command's `--help-all` shows it under "Research (diagnostic)". benchmarks/README.md lists
-each with what it measures. `panel=` groups ordinary options under their own heading.
+command's `--help-all` shows it under "Research (diagnostic)". research/README.md lists
+each with what it measures (benchmarks/README.md the two a speed benchmark uses).
+`panel=` groups ordinary options under their own heading.
 """
 
 from __future__ import annotations

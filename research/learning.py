@@ -19,20 +19,20 @@ benchmark resumes where it stopped, and `--report-only` summarizes whatever is c
 Runs that the results file already records under the same runs directory and config, and
 whose directories are not here (a fresh clone), stay in the summary as recorded, each with
 the machine it ran on; `rlany report`'s plots (-report/) are then left as they were.
-Writes benchmarks/results/learning.json, learning.md (the table), learning-arms/ (one line
+Writes research/results/learning.json, learning.md (the table), learning-arms/ (one line
 per arm, mean over seeds with a 95% band, recorded runs included: learning_plots.py) and
 learning-report/ (`rlany report`: plots of every run); `--readme` puts the table into
-benchmarks/README.md.
+research/README.md.
 The reduced version (a smoke run of the whole benchmark: policy-only and full, seed 0, 2
 iterations) has its own runs (runs/learning-reduced) and results (learning-reduced.*), so it
 never resumes or overwrites the full benchmark's.
 
-    python benchmarks/learning.py                       # policy-only and full, seeds 0 1 2
-    python benchmarks/learning.py --reduced             # seed 0, 2 iterations: ~25 min here
-    python benchmarks/learning.py --arms +step +rm --seeds 0
-    python benchmarks/learning.py --arms +rm --tag balance --set score.rm_balance=true
-    python benchmarks/learning.py --arms policy-only full --seeds 0 --warm-start
-    python benchmarks/learning.py --report-only --readme
+    python research/learning.py                       # policy-only and full, seeds 0 1 2
+    python research/learning.py --reduced             # seed 0, 2 iterations: ~25 min here
+    python research/learning.py --arms +step +rm --seeds 0
+    python research/learning.py --arms +rm --tag balance --set score.rm_balance=true
+    python research/learning.py --arms policy-only full --seeds 0 --warm-start
+    python research/learning.py --report-only --readme
 
 With --warm-start every run starts from a warm start (rows "ARM [warm]"), the loop's
 `warm_start = true`: the env's expert demonstrations on the config's task pool, in the
@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import (  # noqa: E402
+from lab import (  # noqa: E402
     RESULTS,
     check_name,
     machine,
@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, help="override the config's iterations "
                         "(raised over existing runs: they continue)")
-    parser.add_argument("--bench", help="the results' name: benchmarks/results/BENCH.json, "
-                        ".md and -report/, runs/BENCH, benchmarks/README.md block "
+    parser.add_argument("--bench", help="the results' name: research/results/BENCH.json, "
+                        ".md and -report/, runs/BENCH, research/README.md block "
                         "BENCH-table (default: learning, or learning-reduced); another config "
                         "needs its own, e.g. --bench learning-reasoning")
     parser.add_argument("--runs-dir", help="default: runs/BENCH")
@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run nothing: summarize the runs that exist (the summary "
                         "always covers every evaluated run under --runs-dir)")
     parser.add_argument("--readme", action="store_true",
-                        help="write the table into benchmarks/README.md")
+                        help="write the table into research/README.md")
     return parser
 
 

@@ -15,7 +15,7 @@ model. The original options come from each run adapter's `rlany.json` where it i
 else from the nearest later one; `--set key=value` overrides them (train-rm's option names,
 snake_case).
 
-    python benchmarks/rm_replay.py runs/learning-judge/rm-s2 replay/s2-linear \\
+    python research/rm_replay.py runs/learning-judge/rm-s2 replay/s2-linear \\
         --from-iteration 2 --set lr_schedule=linear
 
 `--buffer K` trains each iteration on the scored steps of the last K iterations (its own and
@@ -23,7 +23,7 @@ the K-1 before it, concatenated into OUT/iter_*/rm_input.jsonl; trajectory ids c
 iteration, so none repeats): more steps per update of the verdict's bias, which one
 iteration's 137-207 steps place poorly (LOG.md, 2026-11-25).
 
-`--summary NAME RUN=REPLAY ...` writes benchmarks/results/NAME.json (and .md): for each
+`--summary NAME RUN=REPLAY ...` writes research/results/NAME.json (and .md): for each
 pair, the run's final judge and the replay's on the held-out steps, and the mean gain over
 the pairs (seeds) with its 95% t-interval, for the run as it ran and for the replay; and
 train-rm's seconds, as run over replayed (each optimizer step's own time summed, model
@@ -97,9 +97,10 @@ def train_seconds(run: Path) -> dict:
 
 
 def summary(name: str, pairs: list[str]) -> int:
-    """benchmarks/results/NAME.json and .md from RUN=REPLAY pairs (one per seed)."""
-    from common import save
-    from learning_summary import t_interval
+    """research/results/NAME.json and .md from RUN=REPLAY pairs (one per seed)."""
+    from lab import save
+
+    from rlany.stats import t_interval
 
     rows = []
     for pair in pairs:

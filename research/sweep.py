@@ -1,9 +1,9 @@
 """Defaults from evidence: policy-only RL runs of one loop config, one knob varied at a
 time around the config's values, each run the loop's own (resumable) run directory.
 
-    python benchmarks/sweep.py --vary train_policy.lr=1e-4,1e-3 --vary rollout.n=4
-    python benchmarks/sweep.py --vary train_policy.target_modules=all-linear --seeds 0 1
-    python benchmarks/sweep.py --report-only --readme
+    python research/sweep.py --vary train_policy.lr=1e-4,1e-3 --vary rollout.n=4
+    python research/sweep.py --vary train_policy.target_modules=all-linear --seeds 0 1
+    python research/sweep.py --report-only --readme
 
 Every knob value is one run per seed (runs/sweep/KEY=VALUE-sSEED), plus the config as it is
 (runs/sweep/default-sSEED), all policy-only (outcome reward, fixed judge and tasks) so the
@@ -11,8 +11,8 @@ knob is the only difference. Reports per run: train accuracy per iteration, held
 (base and final, 95% Wilson), the difference to the default run of the same seed (95%
 Newcombe) and the stage minutes. A knob value is better only where that interval is clear
 of 0; with 128 held-out episodes per evaluation, differences under ~0.1 are not resolved.
-Writes benchmarks/results/sweep.json and sweep.md; `--readme` puts the table into
-benchmarks/README.md.
+Writes research/results/sweep.json and sweep.md; `--readme` puts the table into
+research/README.md.
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
 """
 
@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, check_name, save, write_readme_block  # noqa: E402
+from lab import RESULTS, check_name, save, write_readme_block  # noqa: E402
 from learning import ARMS, run_loop  # noqa: E402
 from learning_summary import summarize_run  # noqa: E402
 
-from rlany.stages.eval import gain_interval  # noqa: E402
+from rlany.stats import gain_interval  # noqa: E402
 
 DEFAULT = "default"
 # what a policy-only run's outcome depends on; a default run borrowed from elsewhere
@@ -142,8 +142,8 @@ def main() -> dict:
                         "has commas); repeatable, one knob varied at a time")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--bench", default="sweep",
-                        help="the results' name: benchmarks/results/BENCH.json and .md, "
-                        "runs/BENCH, benchmarks/README.md block BENCH-table; another config "
+                        help="the results' name: research/results/BENCH.json and .md, "
+                        "runs/BENCH, research/README.md block BENCH-table; another config "
                         "needs its own, e.g. --bench sweep-reasoning")
     parser.add_argument("--runs-dir", help="default: runs/BENCH")
     parser.add_argument("--default-from", metavar="DIR",
@@ -153,7 +153,7 @@ def main() -> dict:
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: summarize the runs under --runs-dir")
     parser.add_argument("--readme", action="store_true",
-                        help="write the table into benchmarks/README.md")
+                        help="write the table into research/README.md")
     args = parser.parse_args()
     check_name(parser, "--bench", args.bench)
     if args.bench == "sweep" and args.config != parser.get_default("config"):

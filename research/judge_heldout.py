@@ -20,8 +20,8 @@ Another config's held-out steps: `--tasks` (its eval tasks) and `--max-steps` (i
 horizon), e.g. mid.toml's (8 turns; its judge prompts are learn.toml's: history 1, obs
 lines 1).
 
-    python benchmarks/judge_heldout.py runs/learning-judge/rm-s0 [RUN ...]
-    python benchmarks/judge_heldout.py runs/learning-mid-lr1e4/full-warm-s0 \
+    python research/judge_heldout.py runs/learning-judge/rm-s0 [RUN ...]
+    python research/judge_heldout.py runs/learning-mid-lr1e4/full-warm-s0 \
         --tasks examples/household/mid_eval.jsonl --max-steps 8 --per-task 2
 """
 

@@ -16,7 +16,7 @@ Balanced accuracy of each, overall and by where the goal object is (carried, in 
 of view: then inside a closed receptacle, where with two closed ones the label depends on
 what the prompt does not show).
 
-    python benchmarks/judge_readable.py runs/learning-mid-lr1e4/full-warm-s1 [RUN ...] \
+    python research/judge_readable.py runs/learning-mid-lr1e4/full-warm-s1 [RUN ...] \
         [--name judge-readable-mid]
 """
 
@@ -156,7 +156,7 @@ def summarize(runs: list[Path]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
-    ap.add_argument("--name", help="write benchmarks/results/NAME.json")
+    ap.add_argument("--name", help="write research/results/NAME.json")
     args = ap.parse_args(argv)
     from judge_data import policy_steps
 
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
               "by_run": {name: table(steps)["all"] for name, steps in per_run.items()}}
     print(json.dumps({k: result[k] for k in ("by_goal_object", "by_run")}, indent=1))
     if args.name:
-        from common import save
+        from lab import save
         save(args.name, {"what": "balanced accuracy against the env's step labels on the "
                                  "policy's own judged steps: the judge's verdicts, a rule "
                                  "reading only the judge prompt, the episode outcome",

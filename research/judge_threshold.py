@@ -13,7 +13,7 @@ held-out balanced accuracy against the env's labels at 0.5 and at t. Twice: t fr
 iteration's steps, and t from the final judge's own iteration only (the steps its last
 train-rm saw: "own_*" fields).
 
-    python benchmarks/judge_threshold.py runs/learning-judge-logloss/rm-s0 [RUN ...] \\
+    python research/judge_threshold.py runs/learning-judge-logloss/rm-s0 [RUN ...] \\
         [--name judge-threshold-logloss]
 """
 
@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save  # noqa: E402
 from judge_data import HELD_OUT, balanced_accuracy, episodes, judged_steps  # noqa: E402
 from judge_heldout import p_positive  # noqa: E402
+from lab import save  # noqa: E402
 
 
 def bal_at(labels, p, t) -> float:
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="judge-threshold",
-                    help="benchmarks/results/NAME.json")
+                    help="research/results/NAME.json")
     args = ap.parse_args(argv)
     import torch
     from peft import PeftModel

@@ -12,7 +12,7 @@ or its episode's outcome (`--target outcome`: the consistency target, lambda 0, 
 on the sampled steps and cleared elsewhere; task ids carry their run, so no trajectory id
 repeats. Held-out: the greedy verdict's balanced accuracy and AUC, base and trained.
 
-    python benchmarks/judge_onpolicy.py runs/learning-mid-lr1e4/full-warm-s1 [RUN ...] \\
+    python research/judge_onpolicy.py runs/learning-mid-lr1e4/full-warm-s1 [RUN ...] \\
         --out runs/judge-onpolicy/label --target label --epochs 1 --lr 3e-4
 """
 
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--name", help="also write benchmarks/results/NAME.json")
+    ap.add_argument("--name", help="also write research/results/NAME.json")
     args = ap.parse_args(argv)
     import torch
     from peft import PeftModel
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
                   labels, [float(r["outcome"] > 0) for r in test], None), 4)}
     (args.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.name:
-        from common import save
+        from lab import save
         save(args.name, {"what": "the whole judge (train-rm, LoRA q/v on every layer) "
                                  "trained on the policy's own steps, scored on held-out "
                                  "tasks' steps of the same runs", **result})

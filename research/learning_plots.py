@@ -29,9 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import fmean
 
-from learning_summary import t_interval
-
-from rlany.stages.eval import wilson_interval
+from rlany.stats import t_interval, wilson_interval
 
 PANELS = {
     "success": "held-out success (band: pooled 95% Wilson)",

@@ -12,7 +12,7 @@ hold on any CPU; seconds are the host's that ran the run (its boot id decides, a
 learning.py). The summary is the judge's share: judge prompt tokens over rollout prompt
 tokens and train-rm tokens over train-policy tokens, beside the same ratios of seconds.
 
-    python benchmarks/judge_cost.py runs/learning-mid-lr1e4/full-warm-s1 [RUN ...]
+    python research/judge_cost.py runs/learning-mid-lr1e4/full-warm-s1 [RUN ...]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import boot_id, made_since_boot, save  # noqa: E402
+from lab import boot_id, made_since_boot, save  # noqa: E402
 
 
 def tokens_of(tok):
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--name", default="judge-cost",
-                        help="the results file: benchmarks/results/NAME.json")
+                        help="the results file: research/results/NAME.json")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 

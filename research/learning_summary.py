@@ -1,4 +1,4 @@
-"""The learning benchmark's summaries (benchmarks/learning.py runs the arms): each run's
+"""The learning benchmark's summaries (research/learning.py runs the arms): each run's
 held-out success and judge figures read from its directory, each arm's row over seeds, the
 headline figures with their intervals, and the table."""
 
@@ -10,7 +10,8 @@ from dataclasses import replace
 from itertools import zip_longest
 from pathlib import Path
 
-from rlany.stages.eval import gain_interval, on_plan_share, wilson_interval
+from rlany.stages.eval import on_plan_share
+from rlany.stats import gain_interval, t_interval, wilson_interval
 
 JUDGED_EVAL = ["--set", "eval.judge=true"]  # arms with a judge: its step accuracy, base and final
 ARMS = {  # each arm's `rlany loop` switches, in the order of the table's rows
@@ -161,22 +162,6 @@ def with_recorded(by_arm: dict[str, list[dict]], recorded: dict[str, list[dict]]
         return (list(ARMS).index(base) if base in ARMS else len(ARMS), tag.rstrip("]"))
     return ({arm: sorted(merged[arm], key=lambda r: r["seed"]) for arm in
              sorted(merged, key=order)}, sorted(kept))
-
-
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262}  # Student's t, 97.5th percentile, by degrees of freedom
-
-
-def t_interval(values: list[float]) -> list[float] | None:
-    """95% t-interval of the mean over seeds (the spread between seeds, which the pooled
-    Wilson interval does not see); None below 2 seeds."""
-    n = len(values)
-    if n < 2:
-        return None
-    m = sum(values) / n
-    sd = (sum((v - m) ** 2 for v in values) / (n - 1)) ** 0.5
-    half = T975.get(n - 1, 1.96) * sd / n ** 0.5
-    return [round(m - half, 4), round(m + half, 4)]
 
 
 def arm_summary(runs: list[dict]) -> dict:

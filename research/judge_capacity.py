@@ -22,8 +22,8 @@ The gate separates "a 135M judge cannot learn this" from "it is not being taught
    the trajectory's outcome (the paper's target with lambda = 0), the signal a judge gets in
    the loop without labels; objectives logloss and expected.
 
-Runs alone (CPU heavy): `python benchmarks/judge_capacity.py` (make bench-judge-capacity);
-writes benchmarks/results/judge_capacity.json after every cell (rerun to resume; cached data
+Runs alone (CPU heavy): `python research/judge_capacity.py` (make bench-judge-capacity);
+writes research/results/judge_capacity.json after every cell (rerun to resume; cached data
 under runs/judge-capacity/).
 """
 
@@ -37,9 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "research"))
 
-from common import machine  # noqa: E402
 from judge_data import (  # noqa: E402
     HELD_OUT,
     POOL,
@@ -49,8 +48,9 @@ from judge_data import (  # noqa: E402
     judged_steps,
 )
 from judge_top import check_top, features, finetune, heldout, load, probe, top_model  # noqa: E402
+from lab import machine  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results" / "judge_capacity.json"
+RESULTS = ROOT / "research" / "results" / "judge_capacity.json"
 WORK = ROOT / "runs" / "judge-capacity"
 
 
@@ -77,7 +77,7 @@ def onpolicy(runs: list[Path], n_train: int, n_test: int, seed: int):
 # -- the README block -------------------------------------------------------------------
 
 def table(results: dict) -> str:
-    """benchmarks/README.md's judge-capacity block, from the results JSON."""
+    """research/README.md's judge-capacity block, from the results JSON."""
     base = results["base"]
     source = (f"the policy's own judged steps of {len(results['runs'])} loop runs "
               f"({', '.join(Path(r).name for r in results['runs'])}): "
@@ -141,9 +141,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--name", help="the results' name (default judge_capacity, with "
                     "--from-runs judge_capacity_onpolicy)")
     ap.add_argument("--readme", action="store_true",
-                    help="at the end, write the results' table into benchmarks/README.md")
+                    help="at the end, write the results' table into research/README.md")
     ap.add_argument("--table-only", action="store_true",
-                    help="only write the committed results' table into benchmarks/README.md")
+                    help="only write the committed results' table into research/README.md")
     return ap.parse_args(argv)
 
 
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     name = args.name or ("judge_capacity_onpolicy" if args.from_runs else "judge_capacity")
     results_path, block = RESULTS.with_name(name + ".json"), name.replace("_", "-") + "-table"
     if args.table_only:
-        from common import write_readme_block
+        from lab import write_readme_block
         write_readme_block(block, table(json.loads(results_path.read_text())))
         return 0
 
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
         say(f"{key}: greedy {cell['heldout_bal_acc_greedy']:.3f}, T0.8 "
             f"{cell['heldout_bal_acc_t08']:.3f} ({cell['train_seconds']:.0f}s)")
     if args.readme:
-        from common import write_readme_block
+        from lab import write_readme_block
         write_readme_block(block, table(results))
     return 0
 

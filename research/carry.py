@@ -2,7 +2,7 @@
 run, several runs) outlives a session, and a run directory (runs/ is not in git) does not
 survive a fresh clone. `pack` writes what the loop needs to resume, and what the summary
 reads, into one small archive to commit; `unpack` restores it on the next machine, where
-`benchmarks/learning.py` (the same command) resumes each run at its first unfinished
+`research/learning.py` (the same command) resumes each run at its first unfinished
 iteration.
 
 Kept per run: its config, base/init evaluations and metrics; per finished iteration (one
@@ -11,9 +11,9 @@ skip and prune markers) and its policy/rm checkpoints where keep_last kept them.
 trajectories, judgments and scored steps (the bulk: only on-plan shares and judge views
 read them), and an unfinished iteration (it reruns from its start).
 
-    python benchmarks/carry.py pack runs/learning-adapt-mid \
-        -o benchmarks/inflight/learning-adapt-mid.tar.gz
-    python benchmarks/carry.py unpack benchmarks/inflight/learning-adapt-mid.tar.gz
+    python research/carry.py pack runs/learning-adapt-mid \
+        -o research/inflight/learning-adapt-mid.tar.gz
+    python research/carry.py unpack research/inflight/learning-adapt-mid.tar.gz
 """
 
 from __future__ import annotations
