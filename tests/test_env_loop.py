@@ -195,3 +195,21 @@ def test_loop_adapts_without_a_judge_and_records_the_env_loop(tmp_path, tiny_mod
     md = (tmp_path / "report" / "report.md").read_text()
     assert "The environment loop:" in md and "| proposed (easier/harder) |" in md
     assert (tmp_path / "report" / "adapted_share.png").exists()  # reasoning: no difficulty
+
+
+def test_score_trains_on_candidates_only_when_asked():
+    """`score --candidates trial` (the paper): a candidate's rollouts decide its acceptance
+    and are not trained on; `train`: its mixed-outcome group is trained like the pool's."""
+    from dataclasses import replace
+
+    from rlany.stages.score import ScoreOptions, score_group
+
+    trajs = [replace(_traj(k, 1 if k == 0 else -1, [1, -1], "c"), extra={"candidate": True})
+             for k in range(4)]
+    group = [(f"x:{k}", t, None) for k, t in enumerate(trajs)]
+    scored, stats = score_group(group, ScoreOptions())
+    assert not stats.policy_keep and stats.policy_reason == "candidate task, not accepted yet"
+    assert not any(s.keep for sc in scored for s in sc.steps)
+    scored, stats = score_group(group, ScoreOptions(candidates="train"))
+    assert stats.policy_keep and stats.policy_reason == "mixed outcomes"
+    assert any(s.keep for sc in scored for s in sc.steps)

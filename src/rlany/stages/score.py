@@ -101,6 +101,10 @@ class ScoreOptions:
                              "for the policy only if step rewards separate them (separated), "
                              "never (drop) or always (keep).",
                              choices=("separated", "drop", "keep"))
+    candidates: str = opt("trial", "Rollouts of candidate tasks (adapt-tasks' rewrites on "
+                          "trial): trial, no training until accepted (the paper); train, "
+                          "trained like the pool's (not in the paper: on-policy data that "
+                          "decides acceptance, used at once).", choices=("trial", "train"))
     unparseable_penalty: float = opt(-2.0, "Consistency reward of an unparseable judge sample.")
     rm_acc_min: float = opt(0.2, "Reward-model data only from tasks with accuracy >= this.",
                             min=0, max=1)
@@ -168,7 +172,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                for tr, scores in zip(trajs, step_scores)]
     advantages, separated = _advantages(rewards, ran, opts.lone_step)
 
-    candidate = any(t.extra.get("candidate") for t in trajs)
+    candidate = any(t.extra.get("candidate") for t in trajs) and opts.candidates == "trial"
     policy_keep, policy_reason = (_policy_filter(candidate, successes in (0, n), separated,
                                                  opts.uniform_tasks) if n else (False, NO_RUN))
     rm_keep = n > 0 and opts.rm_acc_min <= acc <= opts.rm_acc_max and not candidate
