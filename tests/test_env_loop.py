@@ -213,3 +213,16 @@ def test_score_trains_on_candidates_only_when_asked():
     scored, stats = score_group(group, ScoreOptions(candidates="train"))
     assert stats.policy_keep and stats.policy_reason == "mixed outcomes"
     assert any(s.keep for sc in scored for s in sc.steps)
+
+
+def test_an_answer_runs_the_action_it_names_in_its_case():
+    """Issue 51's KENETH case: the numbered line exactly as the observation lists it runs
+    that action, not a case variant listed before it."""
+    from rlany.envs import parse_action
+
+    admissible = ['click [3]', 'type "keneth" into [5]', 'type "KENETH" into [5]']
+    assert parse_action('4. type "KENETH" into [5]', admissible)[0] == admissible[2]
+    assert parse_action('type "keneth" into [5]', admissible)[0] == admissible[1]
+    assert parse_action('Type "Keneth" into [5]', admissible) == (
+        None, {"parse": "ambiguous case", "text": 'Type "Keneth" into [5]'})
+    assert parse_action("Go to Table 1.", ["go to table 1", "look"])[0] == "go to table 1"

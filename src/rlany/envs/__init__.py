@@ -229,17 +229,27 @@ def parse_action(response: str, admissible: list[str]) -> tuple[str | None, dict
         m = re.fullmatch(r"(?:action\s*:?\s*)?(\d+)[.)]?", line, re.IGNORECASE)
         if m and 1 <= int(m.group(1)) <= len(admissible):
             return admissible[int(m.group(1)) - 1], {"parse": "number"}
-    text = re.sub(r"^(?:action\s*:\s*|\d+[.)]\s*)", "", lines[-1], flags=re.IGNORECASE)
-    text = text.strip().rstrip(".").lower()
-    if text in admissible:
-        return text, {"parse": "text"}
+    raw = re.sub(r"^(?:action\s*:\s*|\d+[.)]\s*)", "", lines[-1], flags=re.IGNORECASE)
+    raw = raw.strip().rstrip(".")
+    text = raw.lower()
+    # exactly as written first: an action that differs from another only in case (`type
+    # "KENETH"` beside `type "keneth"`) is the one answered, never its first case variant
+    if raw in admissible:
+        return raw, {"parse": "text"}
+    folded = [a for a in admissible if a.lower() == text]
+    if len(folded) == 1:
+        return folded[0], {"parse": "text"}
+    if folded:
+        return None, {"parse": "ambiguous case", "text": raw[:200]}
     # an unambiguous start of an action ("take apple" -> "take apple 1 from table 1")
-    starts = [a for a in admissible if a.startswith(text)] if len(text.split()) >= 2 else []
+    starts = ([a for a in admissible if a.lower().startswith(text)]
+              if len(text.split()) >= 2 else [])
     if len(starts) == 1:
         return starts[0], {"parse": "prefix", "text": text[:200]}
     # else the whole line must be close to one action (spelling slips, not prose that
-    # merely mentions a receptacle)
-    best = process.extractOne(text, admissible, scorer=fuzz.ratio, score_cutoff=80)
+    # merely mentions a receptacle); as written, else case-folded
+    best = (process.extractOne(raw, admissible, scorer=fuzz.ratio, score_cutoff=80)
+            or process.extractOne(text, admissible, scorer=fuzz.ratio, score_cutoff=80))
     if best is None:
         return None, {"parse": "no match", "text": text[:200]}
     return best[0], {"parse": "fuzzy", "text": text[:200], "score": round(best[1], 1)}

@@ -216,14 +216,10 @@ class MiniwobEnv:
 
     def _parse(self, response: str) -> tuple[str | None, dict]:
         lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
-        if lines and lines[-1] in self.actions:
-            return lines[-1], {"parse": "text"}
-        lower = {}
-        for a in self.actions:
-            lower.setdefault(a.lower(), a)
-        found, info = parse_action(response, list(lower))
+        # parse_action keeps the case as answered: `4. type "KENETH" into [5]` types KENETH
+        found, info = parse_action(response, self.actions)
         if found is not None:
-            return lower[found], info
+            return found, info
         free = _ACTION.match(lines[-1]) if lines else None
         boxes = {r["ref"] for r in self.rows if r["kind"] == "textbox"}
         if free and free.group(3) and int(free.group(3)) in boxes:
