@@ -195,3 +195,20 @@ def test_make_tasks_draws_pages_of_the_family():
     assert [t.spec for t in make_tasks(4, 0)] == [t.spec for t in tasks[:4]]  # sequential
     with pytest.raises(RlanyError, match="tasks must be"):
         make_tasks(2, 0, tasks="click-button,drag-box")
+
+
+def test_browsergym_and_numbered_answers_parse_to_the_action_named():
+    """BrowserGym's function-call form and our numbered form run the same action, case kept
+    (issue 51's KENETH case), without a browser: the parser alone."""
+    from rlany.envs.miniwob import MiniwobEnv
+
+    env = MiniwobEnv.__new__(MiniwobEnv)
+    env.rows = [{"ref": 3, "kind": "button", "text": "Submit"},
+                {"ref": 5, "kind": "textbox", "text": ""}]
+    env.actions = ['click [3] button "Submit"', 'type "keneth" into [5]',
+                   'type "KENETH" into [5]']
+    assert env._parse("click('3')")[0] == env.actions[0]
+    assert env._parse('fill("5", "KENETH")')[0] == env.actions[2]
+    assert env._parse('3. type "KENETH" into [5]')[0] == env.actions[2]
+    assert env._parse("fill('5', 'Someone Else')")[0] == 'type "Someone Else" into [5]'
+    assert env._parse("click('9')")[0] is None  # no element 9 listed

@@ -216,6 +216,9 @@ class MiniwobEnv:
 
     def _parse(self, response: str) -> tuple[str | None, dict]:
         lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
+        # BrowserGym's function-call form, `click('12')` / `fill('5', 'x')`, as ours
+        if lines and (ours := page.from_browsergym(lines[-1], self.actions)):
+            lines[-1], response = ours, ours
         # parse_action keeps the case as answered: `4. type "KENETH" into [5]` types KENETH
         found, info = parse_action(response, self.actions)
         if found is not None:

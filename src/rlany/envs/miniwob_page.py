@@ -18,6 +18,8 @@ DOM), [] when the task is done or has no expert here.
 
 from __future__ import annotations
 
+import re
+
 TEXTBOXES = {"input_text", "input_password", "input_email", "input_number", "input_search",
              "input_tel", "input_url", "textarea"}
 KINDS = {"button": "button", "a": "link", "input_checkbox": "checkbox", "input_radio": "radio",
@@ -80,6 +82,21 @@ def click(row: dict) -> str:
 
 def type_(text: str, row: dict) -> str:
     return f'type "{text}" into [{row["ref"]}]'
+
+
+_BG_CLICK = re.compile(r"""^click\(\s*['"](\d+)['"]\s*\)$""")
+_BG_FILL = re.compile(r"""^fill\(\s*['"](\d+)['"]\s*,\s*(['"])(.*)\2\s*\)$""", re.DOTALL)
+
+
+def from_browsergym(line: str, actions: list[str]) -> str | None:
+    """BrowserGym's high-level answer in our action syntax: `click('12')` -> the listed
+    `click [12] ...`, `fill('5', 'text')` -> `type "text" into [5]` (case kept); None for
+    any other line."""
+    if m := _BG_CLICK.match(line.strip()):
+        return next((a for a in actions if a.startswith(f"click [{m[1]}]")), None)
+    if m := _BG_FILL.match(line.strip()):
+        return f'type "{m[3]}" into [{m[1]}]'
+    return None
 
 
 def candidates(fields: list) -> list[str]:
