@@ -9,6 +9,8 @@
   a Llama config) in about two seconds: tests and smoke runs use it.
 * `resolve_model()` maps a model argument to what engines load: the alias `smollm2`, a local
   directory, or (left as is) a hub id for machines that have a hub.
+* `content_digest()` is what a model directory (or a fake engine's script) is, by content:
+  results shared between runs are keyed by it, never by the model's name or path.
 """
 
 from __future__ import annotations
@@ -55,6 +57,50 @@ def resolve_model(model: str) -> str:
     if model.startswith((".", "/", "~")) or model.count("/") != 1:
         raise RlanyError("no such model directory", where=model)
     return model  # a hub id: loads where a hub is reachable
+
+
+# a model directory's files that do not change what the model computes (every other file at
+# its top level does: weights, config, generation config, tokenizer, chat template, a fake
+# engine's script, remote code)
+_NOT_MODEL = ("*.md", "LICENSE*", "NOTICE*", ".*")
+_DIGESTS: dict[tuple, str] = {}  # this process's file digests, by what any write changes
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes, hashed once per process while it is unchanged: kept under
+    (path, device, inode, size, mtime_ns, ctime_ns), and a write changes mtime and ctime
+    (ctime cannot be set back by a user: `touch -r` does not hide a write)."""
+    from rlany.provenance import sha256_file
+
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+           st.st_ctime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]
+
+
+def content_digest(path: str | Path) -> str:
+    """sha256 of what a local model is: a file's bytes (a fake engine's script), or for a
+    directory the name and bytes of every file at its top level but documentation
+    (README.md, LICENSE, dot files): weights (*.safetensors, *.bin, *.gguf), config.json,
+    generation_config.json, tokenizer files, chat template, fake_script.json, remote code.
+    Subdirectories are not read (engines load a model directory's top level). Raises
+    OSError where a file cannot be read."""
+    import fnmatch
+    import hashlib
+
+    p = Path(path)
+    if not p.is_dir():
+        return file_digest(p)
+    files = sorted(f for f in p.iterdir() if f.is_file()
+                   and not any(fnmatch.fnmatch(f.name, pat) for pat in _NOT_MODEL))
+    if not files:
+        raise FileNotFoundError(f"{p}: no model files")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{file_digest(f)}\n".encode())
+    return h.hexdigest()
 
 
 def prepare_smollm2(dtype: str = "bfloat16", force: bool = False) -> Path:

@@ -115,7 +115,8 @@ class Loop:
             warm = self.dir / "warm_start"
             warm.mkdir(exist_ok=True)
             if src := share_warm_start(*(self.options(s, warm, 0) for s in WARM_START), warm):
-                info(f"loop: warm start shared: {src} (same flags, pool and versions)")
+                info(f"loop: warm start shared: {src} (same flags, pool, versions and model "
+                     "content)")
             for stage in WARM_START:
                 yield stage, warm, 0, {}
         if self.cfg.judge_warm_start:
