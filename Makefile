@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM ?= false
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
 	bench-judge-capacity bench-learning-judge bench-learning-ablation \
 	bench-learning-reduced bench-learning-upper bench-learning-miniwob bench-learning-demo \
-	bench-learning-warm bench-learning-reasoning bench-sweep \
+	bench-learning-warm bench-learning-reasoning bench-learning-adapt bench-sweep \
 	bench-sweep-reasoning lint golden docs clean
 
 install: $(VENV)/.installed-cpu
@@ -104,8 +104,10 @@ bench-learning-reduced: install
 bench-learning-warm: install
 	$(PY) research/learning.py --warm-start --seeds 0 1 2 --readme
 
-# the second env: policy-only (3 seeds) and the full loop (seed 0) on single-digit sums
-# (examples/reasoning/learn.toml, ~7 min a policy-only run here): learning-reasoning.*
+# the second env, single-digit sums (examples/reasoning/learn.toml): policy-only (3 seeds),
+# then the full loop (seed 0), into learning-reasoning.*. The committed learning-reasoning.json
+# holds policy-only's 3 seeds only (5 stage minutes a run there): the full-loop step has not
+# been run.
 bench-learning-reasoning: install
 	$(PY) research/learning.py --config examples/reasoning/learn.toml \
 		--bench learning-reasoning --arms policy-only --seeds 0 1 2
@@ -119,17 +121,25 @@ bench-learning-miniwob: install
 		--bench learning-miniwob --arms policy-only --seeds 0 1 2 --readme
 
 # make demo's settings (learn.toml, grouped batches, 64 held-out episodes per evaluation),
-# 3 seeds: rows "policy-only [demo]" of the learning table; its time: benchmarks/bench_demo.py
+# 3 seeds, on the CPU as it is (no instruction-set switch is set: for AVX2 kernels on an
+# AVX-512 CPU set ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2,
+# benchmarks/common.py ISA_SWITCHES), into the learning benchmark's results: rows
+# "policy-only [demo]" of learning.json and the learning table. The committed
+# learning-demo.* came from `learning.py ... --bench learning-demo` (research/README.md);
+# make demo's time: benchmarks/bench_demo.py
 bench-learning-demo: install
 	$(PY) research/learning.py --arms policy-only --tag demo \
 		--set train_policy.batch_order=grouped --set eval.n=2 --seeds 0 1 2 --readme
 
 # The judge in the loop (issue "The judge learns"): policy-only, +rm (consistency feedback
 # alone) and full, 3 seeds each, each rm run's judge scored on fixed held-out labelled steps
-# (judge_heldout.py): research/results/learning-judge-logloss.json with judge_gain and
-# full_minus_policy_only (learn.toml's train-rm objective, logloss; learning-judge.json holds
-# the earlier `expected` runs). ~25 min a judged run on a 2-core AVX-512 CPU (bf16), ~55 on
-# AVX2 (fp32); resumable.
+# (judge_heldout.py), into research/results/learning-judge-logloss.* (judge_gain, and
+# full_minus_policy_only once policy-only and full have run). The committed
+# learning-judge-logloss.json holds the +rm arm's 3 seeds only (`--arms +rm`,
+# research/README.md): judge_gain is set, full_minus_policy_only null. learning-judge.json
+# holds the earlier `expected` objective's +rm runs, 3 seeds. A +rm run took 25 stage
+# minutes on a 2-core AVX-512+bf16 CPU (learning-judge-logloss.json), 55 on an AVX2 one, fp32
+# (learning-judge.json); resumable.
 bench-learning-judge: install
 	$(PY) research/learning.py --arms policy-only +rm full --seeds 0 1 2 \
 		--bench learning-judge-logloss --readme
@@ -137,14 +147,29 @@ bench-learning-judge: install
 # The upper bound of step feedback (issue "The judge learns", item 4): S = the env's own step
 # labels (no judge), against policy-only on the same machine, 3 seeds each; and policy-only
 # with --batch-order grouped (the faster training order) beside them:
-# research/results/learning-upper.*. ~20 min a label run, ~11 a policy-only run on a
-# 2-core AVX-512 CPU (bf16); resumable.
+# research/results/learning-upper.*. 17 stage minutes a label run, 12 a policy-only run, 8
+# a grouped one on a 2-core AVX-512+bf16 CPU (learning-upper.json); resumable.
 bench-learning-upper: install
 	$(PY) research/learning.py --arms +step --tag label --set score.step_scores=label \
 		--seeds 0 1 2 --bench learning-upper
 	$(PY) research/learning.py --arms policy-only --tag grouped \
 		--set train_policy.batch_order=grouped --seeds 0 1 2 --bench learning-upper
 	$(PY) research/learning.py --arms policy-only --seeds 0 1 2 --bench learning-upper --readme
+
+# The environment loop's ablation (research/README.md, "The environment loop"): mid.toml from
+# the base model, 12 iterations, 8 tasks drawn per iteration, evaluations after iterations
+# 6 and 12; +adapt (outcome reward, no judge, the rewriter reads the env's account) and
+# policy-only, seeds interleaved. Resumable; a run that outlives a session travels in
+# research/inflight/ (`research/carry.py`): unpacked first if there, packed after.
+ADAPT_SETS := --config examples/household/mid.toml --bench learning-adapt-mid --iterations 12 \
+	--set eval_every=6 --set rollout.sample_tasks=8
+bench-learning-adapt: install
+	test ! -f research/inflight/learning-adapt-mid.tar.gz -o -d runs/learning-adapt-mid || \
+	  $(PY) research/carry.py unpack research/inflight/learning-adapt-mid.tar.gz
+	for s in 0 1 2; do for arm in +adapt policy-only; do \
+	  $(PY) research/learning.py $(ADAPT_SETS) --arms $$arm --seeds $$s || exit 1; \
+	done; done
+	$(PY) research/learning.py $(ADAPT_SETS) --report-only --readme
 
 # The same upper bound on the longer horizons: `make bench-learning-upper-mid` (mid.toml,
 # plans of 4-6 in 8 turns) or `-long` (long.toml, 4-8 in 10), results learning-mid/-long.*.
@@ -165,8 +190,9 @@ bench-learning-upper-%: install
 # item 5): examples/household/mid.toml from a warm start at train_policy.lr 1e-4, seeds
 # interleaved: policy-only, +step (the base judge's step rewards), +rm (+ its consistency
 # training), full (+ task adaptation), and full from a supervised judge (not label-free,
-# its own row): research/results/learning-mid-lr1e4.*. ~25 min a policy-only run, ~35-50 a
-# judged one on a 2-core AVX-512 CPU (bf16); resumable (a finished run is skipped).
+# its own row): research/results/learning-mid-lr1e4.*. 22 stage minutes a policy-only run,
+# 20-42 a judged one on 2-core AVX-512+bf16 CPUs (learning-mid-lr1e4.json); resumable (a
+# finished run is skipped).
 ABLATION = $(PY) research/learning.py --config examples/household/mid.toml \
 	--bench learning-mid-lr1e4 --warm-start --set eval.judge=false --set train_policy.lr=1e-4
 bench-learning-ablation: install
@@ -184,7 +210,7 @@ bench-judge-capacity: install
 	$(PY) research/judge_capacity.py --readme
 
 # Defaults from evidence: policy-only runs of learn.toml, one knob varied at a time
-# (~10-15 min a run here; resumable). research/README.md's sweep table comes from it; the sums'
+# (5-22 stage minutes a run in sweep.json; resumable). research/README.md's sweep table comes from it; the sums'
 # sweep (bench-sweep-reasoning) borrows its default runs from bench-learning-reasoning.
 bench-sweep: install
 	$(PY) research/sweep.py --vary rollout.n=4 --vary train_policy.target_modules=all-linear \

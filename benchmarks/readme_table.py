@@ -1,7 +1,8 @@
 """benchmarks/README.md's speed table, generated from benchmarks/results/*.json (`make bench`
 and `make bench-all` rewrite it; `python benchmarks/readme_table.py` alone regenerates it
 from the committed results). One row per result file: what was measured, the figure, the
-target, whether it was met, and the machine it ran on (CPU capability, dtype, date).
+target, whether it was met, and the machine it ran on, read from the file: the CPU setting
+(`cpu_label`), the dtype, the date.
 research/ keeps its results and tables apart (research/results/, research/README.md).
 """
 
@@ -110,17 +111,30 @@ FORMAT = {"demo": _demo, "shared_prefix": _shared_prefix, "hf_generate": _hf_gen
           "bench_loop": _loop}
 
 
+def cpu_label(machine: dict | None) -> str:
+    """A record's CPU setting from its `machine` (common.machine()): torch's capability
+    against the CPU's flags, so AVX2 kernels forced on an AVX-512 CPU (common.ISA_SWITCHES)
+    read "AVX2 forced"; "AVX-512+bf16" where `auto` trains in bf16. research/
+    learning_summary.py holds a copy (research reaches benchmarks/ only for
+    benchmarks.common); tests/test_number_sources.py keeps the two equal."""
+    prof = (machine or {}).get("profile") or {}
+    if prof.get("cuda"):
+        return str(prof["cuda"].get("name", "CUDA"))
+    cap, flags = prof.get("cpu_capability") or "", set(prof.get("cpu_flags") or ())
+    if cap.startswith("AVX512"):
+        return "AVX-512+bf16" if prof.get("cpu_bf16") else "AVX-512"
+    if cap == "AVX2":
+        return "AVX2 forced" if "avx512f" in flags else "AVX2"
+    return cap or "unknown"
+
+
 def row(r: dict) -> str:
-    m = r.get("machine", {})
-    prof = m.get("profile", {})
-    cuda = prof.get("cuda")
+    m = r.get("machine") or {}
+    prof = m.get("profile") or {}
     dtype = r.get("dtype") or ("fp32" if "fp32" in str(r.get("work", "")) else
                                f"`auto` dtype {prof.get('dtype')}")
-    forced = any((r.get("isa_switches") or {}).values())  # AVX2 kernels on a wider CPU
-    native = "AVX-512" if "avx512f" in prof.get("cpu_flags", []) else "native"
-    where = (f"{cuda}" if cuda else f"{m.get('cpus')}-core CPU, {prof.get('cpu_capability')}"
-             + (f" forced on an {native} CPU" if forced else "")
-             ) + f", {dtype}, {str(m.get('date', ''))[:10]}"
+    cores = f"{m['cpus']}-core " if m.get("cpus") and not prof.get("cuda") else ""
+    where = f"{cores}{cpu_label(m)}, {dtype}, {str(m.get('date', ''))[:10]}"
     fmt = FORMAT.get(r["benchmark"].split("-")[0])  # hf_generate-avx2-float32: hf_generate
     try:
         measured = fmt(r) if fmt else str(r.get("ratio"))
@@ -140,8 +154,8 @@ def table(results: Path = RESULTS) -> str:
         rows.append(row(r))
     if not rows:
         raise SystemExit(f"no benchmark results under {results}")
-    return ("| benchmark | metric | measured | target | met | machine |\n"
-            "|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    return ("| benchmark | metric | measured | target | met | machine (CPU setting, precision, "
+            "date) |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -192,6 +192,7 @@ def arm_summary(runs: list[dict]) -> dict:
             "gain_per_seed": [round(g, 3) for g in gains],
             "gain_seeds_t95": t_interval(gains),
             "iterations": [r["final"]["iteration"] + 1 for r in runs],
+            "runs_on": runs_on(runs),
             "judge_step_accuracy": [mean(r["base"]["judge_step_accuracy"] for r in runs),
                                     mean(r["final"]["judge_step_accuracy"] for r in runs)],
             "accepted_tasks": [r["accepted_tasks"] for r in runs],
@@ -215,6 +216,32 @@ def arm_summary(runs: list[dict]) -> dict:
                                       for r in runs for sec in r["stage_seconds"] if sec),
             "stage_seconds": {k: mean(sec.get(k) for r in runs for sec in r["stage_seconds"]
                                       if sec) for k in STAGE_ORDER}}
+
+
+def cpu_label(machine: dict | None) -> str:
+    """A record's CPU setting from its `machine` (AVX2 kernels on an AVX-512 CPU: "AVX2
+    forced"); a copy of benchmarks/readme_table.py's, kept equal by test_number_sources.py."""
+    prof = (machine or {}).get("profile") or {}
+    if prof.get("cuda"):
+        return str(prof["cuda"].get("name", "CUDA"))
+    cap, flags = prof.get("cpu_capability") or "", set(prof.get("cpu_flags") or ())
+    if cap.startswith("AVX512"):
+        return "AVX-512+bf16" if prof.get("cpu_bf16") else "AVX-512"
+    if cap == "AVX2":
+        return "AVX2 forced" if "avx512f" in flags else "AVX2"
+    return cap or "unknown"
+
+
+def runs_on(runs: list[dict]) -> list[dict]:
+    """An arm's seeds per CPU setting and precision (a dtype its config sets, else `auto`'s)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for r in runs:
+        m, conf = r.get("machine"), r.get("config") or {}
+        tables = [conf.get("run") or {}, *(conf.get("tables") or {}).values()]
+        dtype = next((t["dtype"] for t in tables if t.get("dtype") not in (None, "auto")),
+                     ((m or {}).get("profile") or {}).get("dtype") or "unknown")
+        groups.setdefault((cpu_label(m), dtype), []).append(r.get("seed"))
+    return [{"cpu": c, "precision": d, "seeds": s} for (c, d), s in groups.items()]
 
 
 # the keys rlany.stages.loop_metrics writes under "seconds"
@@ -347,21 +374,24 @@ def table(arms: dict) -> str:
             return "-"
         return (f"{w['success']:.3f} ({ci(w['ci95'])}); RL {w['rl_gain']:+.3f} "
                 f"({w['rl_gain_ci95'][0]:+.2f} to {w['rl_gain_ci95'][1]:+.2f})")
-    lines = ["| arm | seeds | iterations | base success (95%) | warm start (95%); RL's gain "
-             "over it | final success (95%) | gain "
-             "(95%, pooled) | gain per seed (95% t over seeds) | final per seed | judge step "
-             "acc. (eval) | judge on its rollouts, per iteration (outcome) | on-plan steps of "
-             "its rollouts, per iteration | accepted tasks | stage min/run | s/iteration (no "
-             "eval) |",
+
+    def where(s):  # seeds per CPU setting and precision, as the runs recorded them
+        return "; ".join(f"{', '.join(map(str, g['seeds']))} ({g['cpu']}, {g['precision']})"
+                         for g in s.get("runs_on") or []) or str(s["seeds"])
+    lines = ["| arm | seeds (CPU, precision) | iterations | base success (95%) | warm start "
+             "(95%); RL's gain over it | final success (95%) | gain (95%, pooled) | gain per "
+             "seed (95% t over seeds) | final per seed | judge step acc. (eval) | judge on its "
+             "rollouts, per iteration (outcome) | on-plan steps of its rollouts, per iteration "
+             "| accepted tasks | stage min/run | s/iteration (no eval) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, s in arms.items():
         judge = s["judge_step_accuracy"]
         lines.append(
-            f"| {arm} | {s['seeds']} | {'/'.join(map(str, s['iterations']))} | "
+            f"| {arm} | {where(s)} | {'/'.join(map(str, s['iterations']))} | "
             f"{s['base']:.3f} ({ci(s['base_ci95'])}) | {warm(s.get('warm_start'))} | "
-            f"{s['final']:.3f} "
-            f"({ci(s['final_ci95'])}) | {s['gain']:+.3f} ({s['gain_ci95'][0]:+.2f} to "
-            f"{s['gain_ci95'][1]:+.2f}) | {', '.join(f'{g:+.3f}' for g in s['gain_per_seed'])}"
+            f"{s['final']:.3f} ({ci(s['final_ci95'])}) | {s['gain']:+.3f} "
+            f"({s['gain_ci95'][0]:+.2f} to {s['gain_ci95'][1]:+.2f}) | "
+            f"{', '.join(f'{g:+.3f}' for g in s['gain_per_seed'])}"
             f"{seeds_t(s['gain_seeds_t95'])} | {', '.join(map(str, s['per_seed']))} | "
             f"{num(judge[0])} -> {num(judge[1])} | {rollouts(s['judge_on_rollouts'])} | "
             f"{plan(s.get('on_plan'))} | "

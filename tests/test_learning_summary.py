@@ -125,3 +125,24 @@ def test_judge_gain_comes_from_the_label_free_rm_arm_untagged_else_warm_started(
     one = headline({**warm, "+rm": [_judged(40, 0.05)]})["judge_gain"]
     assert one["arm"] == "+rm" and one["ci95"] == [0.0, 0.1]  # one seed: its bootstrap
     assert headline({"full [warm-judge-warm]": [_judged(50, 0.3)]})["judge_gain"] is None
+
+
+def test_each_row_names_its_seeds_and_the_cpu_each_run_recorded():
+    from learning_summary import runs_on
+
+    def on(cap, flags, bf16):
+        return {"profile": {"cpu_capability": cap, "cpu_flags": flags, "cpu_bf16": bf16,
+                            "dtype": "bfloat16" if bf16 else "float32"}}
+    runs = [{"seed": 0, "machine": on("AVX2", ["avx2"], False)},
+            {"seed": 1, "machine": on("AVX512", ["avx2", "avx512_bf16", "avx512f"], True)},
+            {"seed": 2, "machine": on("AVX2", ["avx2", "avx512f"], False)},
+            {"seed": 3, "machine": None},
+            {"seed": 4, "machine": on("AVX2", ["avx2"], False)},
+            {"seed": 5, "machine": on("AVX2", ["avx2"], False),  # its config sets the dtype
+             "config": {"run": {"dtype": "bfloat16"}}}]
+    assert runs_on(runs) == [
+        {"cpu": "AVX2", "precision": "float32", "seeds": [0, 4]},
+        {"cpu": "AVX-512+bf16", "precision": "bfloat16", "seeds": [1]},
+        {"cpu": "AVX2 forced", "precision": "float32", "seeds": [2]},
+        {"cpu": "unknown", "precision": "unknown", "seeds": [3]},
+        {"cpu": "AVX2", "precision": "bfloat16", "seeds": [5]}]
