@@ -123,12 +123,10 @@ bench-learning-miniwob: install
 # make demo's settings (learn.toml, grouped batches, 64 held-out episodes per evaluation),
 # 3 seeds, on the CPU as it is (no instruction-set switch is set: for AVX2 kernels on an
 # AVX-512 CPU set ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2,
-# benchmarks/common.py ISA_SWITCHES), into the learning benchmark's results: rows
-# "policy-only [demo]" of learning.json and the learning table. The committed
-# learning-demo.* came from `learning.py ... --bench learning-demo` (research/README.md);
-# make demo's time: benchmarks/bench_demo.py
+# benchmarks/common.py ISA_SWITCHES), into research/results/learning-demo.* (row
+# "policy-only [demo]"); make demo's time: benchmarks/bench_demo.py
 bench-learning-demo: install
-	$(PY) research/learning.py --arms policy-only --tag demo \
+	$(PY) research/learning.py --arms policy-only --tag demo --bench learning-demo \
 		--set train_policy.batch_order=grouped --set eval.n=2 --seeds 0 1 2 --readme
 
 # The judge in the loop (issue "The judge learns"): policy-only, +rm (consistency feedback
