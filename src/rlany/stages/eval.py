@@ -20,6 +20,10 @@ Judge (optional): the reward model judges the eval trajectories.
   step score equals its outcome).
 Unparseable verdicts count as wrong. With `last_step_only` judging the judgments hold the
 last step only, and these rates cover those steps.
+
+Every number is a ratio of counts (`sums`) or a mean of task rows, so `--shard I/N` runs
+(`rlany.shards`) join exactly: `--join` adds their counts and joins their rows in shard
+order (`summary_of` for both). The judge is given one rollout batch at a time.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ import time
 from dataclasses import dataclass, fields
 from statistics import fmean
 
-from rlany.errors import RlanyError
+from rlany.errors import RlanyError, UsageError
 from rlany.options import opt
 from rlany.prompts import VERDICT_MODES
 from rlany.records import MODES, Judgment, Trajectory
+from rlany.shards import shard_opt
 from rlany.stages.episode_errors import ErrorBudget, errored, watched
 from rlany.stages.rollout import EpisodeFields
 from rlany.stats import pass_at_k, wilson_interval
@@ -51,6 +56,13 @@ class EvalOptions(EpisodeFields):
                      short="-i")
     output: str = opt("eval.json", "Summary JSON; - for stdout.", scope="io", short="-o")
     trajectories: str | None = opt(None, "Also write the eval trajectories here.", scope="io")
+    shard: str | None = shard_opt(
+        "whole batches of --batch-tasks tasks, contiguous", "Its --trajectories concatenate "
+        "like rollout's; its summary also holds the counts (`sums`) that --join adds up.")
+    join: str | None = opt(None, "Join eval shards instead of evaluating: a file of the N "
+                           "shards' summaries concatenated (cat eval.*.json); - for stdin. "
+                           "Writes the unsharded run's summary from their counts and runs no "
+                           "model, so only -o goes with it.", scope="io")
     n: int = opt(4, "Episodes per task.", min=1)
     k: tuple[int, ...] = opt((1,), "pass@k to report (each <= --n).", min=1)
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
@@ -110,6 +122,12 @@ class EvalOptions(EpisodeFields):
 def policy_metrics(groups: list[list[Trajectory]], ks: list[int]) -> dict:
     """The policy's numbers over the episodes that ran; `trajectories` is their count (the
     rates' denominator) and `errored` the count of the others."""
+    return policy_summary(*policy_sums(groups, ks), ks)
+
+
+def policy_sums(groups: list[list[Trajectory]], ks: list[int]) -> tuple[list[dict], dict]:
+    """Each task's row (n, successes, errored, pass@k) and the counts every rate is a ratio
+    of: what `--join` adds up across shards."""
     ran = [[t for t in g if not errored(t)] for g in groups]
     flat = [t for g in ran for t in g]
     per_task = []
@@ -119,15 +137,26 @@ def policy_metrics(groups: list[list[Trajectory]], ks: list[int]) -> dict:
                          "errored": len(g) - len(r),
                          **{f"pass@{k}": pass_at_k(len(r), c, k) if len(r) >= k else None
                             for k in ks}})
+    labels = [v for t in flat for st in t.steps if (v := st.info.get("label")) in (1, -1)]
+    return per_task, {"trajectories": len(flat), "errored": sum(map(len, groups)) - len(flat),
+                      "successes": sum(t.outcome == 1 for t in flat),
+                      "steps": sum(len(t.steps) for t in flat),
+                      "on_plan_steps": labels.count(1), "labelled_steps": len(labels)}
+
+
+def policy_summary(per_task: list[dict], sums: dict, ks: list[int]) -> dict:
+    """The policy's numbers from its rows and counts (integer ratios, so shards' added
+    counts give the unsharded numbers exactly; pass@k is the mean of the rows')."""
+    n = sums["trajectories"]
     passes = {k: [p[f"pass@{k}"] for p in per_task if p[f"pass@{k}"] is not None] for k in ks}
     return {
-        "tasks": len(groups), "trajectories": len(flat),
-        "errored": sum(len(g) for g in groups) - len(flat),
-        "success_rate": fmean(t.outcome == 1 for t in flat) if flat else 0.0,
-        "success_ci95": wilson_interval(sum(t.outcome == 1 for t in flat), len(flat)),
+        "tasks": len(per_task), "trajectories": n, "errored": sums["errored"],
+        "success_rate": sums["successes"] / n if n else 0.0,
+        "success_ci95": wilson_interval(sums["successes"], n),
         **{f"pass@{k}": fmean(passes[k]) if passes[k] else None for k in ks},
-        "mean_steps": fmean(len(t.steps) for t in flat) if flat else 0.0,
-        "on_plan_share": on_plan_share(flat),
+        "mean_steps": sums["steps"] / n if n else 0.0,
+        "on_plan_share": (sums["on_plan_steps"] / sums["labelled_steps"]
+                          if sums["labelled_steps"] else None),
         "per_task": per_task,
     }
 
@@ -142,55 +171,85 @@ def on_plan_share(trajectories: list[Trajectory]) -> float | None:
 
 def judge_metrics(trajectories: list[Trajectory], judgments: list[Judgment]) -> dict:
     """The judge against the env's step labels and the outcomes (see the module doc)."""
-    last_n = last_ok = unparseable = verdicts = agree = 0
-    steps = {1: [0, 0], -1: [0, 0]}  # label -> [verdicts, correct verdicts]
-    labelled_steps = {1: 0, -1: 0}
+    return judge_summary(judge_sums(trajectories, judgments))
+
+
+def judge_sums(trajectories: list[Trajectory], judgments: list[Judgment]) -> dict:
+    """The counts the judge metrics are ratios of (verdicts, and steps, by label)."""
+    s = dict.fromkeys(("verdicts", "unparseable", "good_steps", "good_verdicts",
+                       "good_correct", "bad_steps", "bad_verdicts", "bad_correct",
+                       "last_verdicts", "last_correct", "agree"), 0)
     for traj, j in zip(trajectories, judgments):
-        scores = [s.score for step in j.steps for s in step.samples]
-        verdicts += len(scores)
-        unparseable += sum(s == 0 for s in scores)
+        scores = [x.score for step in j.steps for x in step.samples]
+        s["verdicts"] += len(scores)
+        s["unparseable"] += sum(x == 0 for x in scores)
         for sj in j.steps:
             label = traj.steps[sj.step].info.get("label") if sj.step < len(traj.steps) else None
             if label in (1, -1) and sj.samples:
-                labelled_steps[label] += 1
-                steps[label][0] += len(sj.samples)
-                steps[label][1] += sum(s.score == label for s in sj.samples)
+                kind = "good" if label == 1 else "bad"
+                s[f"{kind}_steps"] += 1
+                s[f"{kind}_verdicts"] += len(sj.samples)
+                s[f"{kind}_correct"] += sum(x.score == label for x in sj.samples)
         if j.steps:
             last = j.steps[-1].samples
-            last_n += len(last)
-            last_ok += sum(s.score == traj.outcome for s in last)
-            mean = fmean(fmean(s.score for s in step.samples) for step in j.steps)
-            agree += mean * traj.outcome > 0
+            s["last_verdicts"] += len(last)
+            s["last_correct"] += sum(x.score == traj.outcome for x in last)
+            mean = fmean(fmean(x.score for x in step.samples) for step in j.steps)
+            s["agree"] += mean * traj.outcome > 0
+    return {**s, "judged": len(trajectories)}
+
+
+def judge_summary(s: dict) -> dict:
+    """The judge metrics from `judge_sums`' counts (ratios; None where nothing to count)."""
     from rlany.stats import balanced_accuracy
 
+    def ratio(a: str, b: str) -> float | None:
+        return s[a] / s[b] if s[b] else None
+
     return {
-        "judge_step_accuracy": balanced_accuracy(steps),
-        "judge_good_step_accuracy": steps[1][1] / steps[1][0] if steps[1][0] else None,
-        "judge_bad_step_accuracy": steps[-1][1] / steps[-1][0] if steps[-1][0] else None,
-        "judge_good_steps": labelled_steps[1], "judge_bad_steps": labelled_steps[-1],
-        "judge_last_step_accuracy": last_ok / last_n if last_n else None,
-        "judge_parse_fail_rate": unparseable / verdicts if verdicts else None,
-        "judge_outcome_agreement": agree / len(trajectories) if trajectories else None,
-        "judge_labelled_verdicts": steps[1][0] + steps[-1][0],
+        "judge_step_accuracy": balanced_accuracy({1: [s["good_verdicts"], s["good_correct"]],
+                                                  -1: [s["bad_verdicts"], s["bad_correct"]]}),
+        "judge_good_step_accuracy": ratio("good_correct", "good_verdicts"),
+        "judge_bad_step_accuracy": ratio("bad_correct", "bad_verdicts"),
+        "judge_good_steps": s["good_steps"], "judge_bad_steps": s["bad_steps"],
+        "judge_last_step_accuracy": ratio("last_correct", "last_verdicts"),
+        "judge_parse_fail_rate": ratio("unparseable", "verdicts"),
+        "judge_outcome_agreement": ratio("agree", "judged"),
+        "judge_labelled_verdicts": s["good_verdicts"] + s["bad_verdicts"],
     }
+
+
+def summary_of(policy: dict, per_task: list[dict], sums: dict, ks: list[int],
+               judge: dict | None) -> dict:
+    """eval.json's numbers from the task rows and the counts (`sums`: policy, judge,
+    unit_tests): one function for a run and for a join of shards."""
+    summary = {"policy": policy, **policy_summary(per_task, sums["policy"], ks)}
+    if judge is not None:
+        summary["judge"] = judge
+        summary.update(judge_summary(sums["judge"]))
+        summary.update({f"judge_{k}": v for k, v in sums.get("unit_tests", {}).items()})
+    return summary
 
 
 # -- the file driver: `rlany eval` and the loop's eval stage ----------------------------
 
 def run(opts: EvalOptions, engine=None) -> dict:
-    """Roll out eval tasks (and optionally judge them); write a summary JSON atomically."""
-    from rlany import envs
-    from rlany.console import info
-    from rlany.outputs import AtomicJsonl, write_meta, write_text_atomic
-    from rlany.stageio import GEN_VERSIONS, adapter_checks, begin_generation, engine_flags
-    from rlany.stages.judge import judge
+    """Roll out eval tasks (and optionally judge them); write a summary JSON atomically.
+    With `--join`: the summary of eval shards instead (`join`)."""
+    from rlany import envs, shards
+    from rlany.outputs import AtomicJsonl
+    from rlany.stageio import adapter_checks, begin_generation, engine_flags
     from rlany.stages.rollout import rollout
-    from rlany.stages.unit_tests import unit_test_counts
 
+    if opts.join is not None:
+        return join(opts)
     started = time.time()
+    shard = shards.parse(opts.shard)
     tasks, reader, engine = begin_generation(
         opts, {"--output": opts.output, "--trajectories": opts.trajectories}, engine,
         {"--judge-adapter": opts.judge_adapter})
+    tasks, in_shard = shards.take(tasks, opts.batch_tasks, shard, stage="eval",
+                                  batch_flag="--batch-tasks")
     ropts, jopts = opts.rollout_options(), opts.judge_options()
     policy = {"model": engine.model, "adapter": opts.adapter}
     # too many errored episodes (or none that ran) fail here, before anything is written
@@ -198,34 +257,119 @@ def run(opts: EvalOptions, engine=None) -> dict:
                          first_batch=min(opts.batch_tasks, len(tasks)),
                          env_of={t.task_id: t.env for t in tasks})
     groups = list(watched(rollout(tasks, engine, envs.make_env, ropts, policy), budget))
-    summary = {"policy": policy, **policy_metrics(groups, list(opts.k))}
-    flat = [t for g in groups for t in g]
     if opts.trajectories:  # every episode, the errored ones as they ended
         with AtomicJsonl(opts.trajectories) as out:
-            out.write_all(flat)
+            out.write_all(t for g in groups for t in g)
+    per_task, policy_counts = policy_sums(groups, list(opts.k))
+    sums, judge_info = {"policy": policy_counts}, None
     if jopts is not None:
-        ran = [t for t in flat if not errored(t)]  # an errored outcome is no label
-        judged_groups = list(judge(ran, engine, jopts,
-                                   {"model": engine.model, "adapter": jopts.adapter}))
-        judged = [j for g in judged_groups for j in g]
-        summary["judge"] = {"model": engine.model, "adapter": jopts.adapter,
-                            "mode": jopts.mode, "verdict": jopts.verdict}
-        summary.update(judge_metrics(ran, judged))
-        if jopts.mode == "unit-tests":
-            outcomes = {t.traj_id: t.outcome for t in ran}
-            for g in judged_groups:
-                for key, value in unit_test_counts(g, outcomes).items():
-                    summary[f"judge_{key}"] = summary.get(f"judge_{key}", 0) + value
+        judge_info = {"model": engine.model, "adapter": jopts.adapter, "mode": jopts.mode,
+                      "verdict": jopts.verdict}
+        sums.update(_judge_sums(groups, engine, opts.batch_tasks, jopts))
+    summary = summary_of(policy, per_task, sums, list(opts.k), judge_info)
     summary.update(adapter_checks(engine))
     summary["wall_time_s"] = round(time.time() - started, 3)
+    flags = engine_flags(opts, engine)
+    if shard:  # what `--join` needs: which shard of what, and the counts to add up
+        summary["shard"] = {**in_shard["shard"], "input": {"path": reader.name,
+                                                           "sha256": reader.sha256},
+                            "flags": shards.shard_flags(flags)}
+        summary["sums"] = sums
+    _write(summary, opts.output, list(opts.k), flags=flags, inputs=[reader], started=started,
+           counts=in_shard)
+    return summary
+
+
+def _judge_sums(groups: list[list[Trajectory]], engine, batch_tasks: int, jopts) -> dict:
+    """The judge's counts over the episodes that ran (an errored outcome is no label),
+    judged one rollout batch at a time: a shard's batches are the unsharded run's, so its
+    judge is given the same batches too."""
+    from rlany.stages.judge import judge
+    from rlany.stages.unit_tests import unit_test_counts
+
+    ran: list[Trajectory] = []
+    judged: list[list[Judgment]] = []
+    for k in range(0, len(groups), batch_tasks):
+        batch = [t for g in groups[k:k + batch_tasks] for t in g if not errored(t)]
+        ran += batch
+        judged += judge(batch, engine, jopts, {"model": engine.model, "adapter": jopts.adapter})
+    sums: dict = {"judge": judge_sums(ran, [j for g in judged for j in g])}
+    if jopts.mode == "unit-tests":
+        outcomes, tests = {t.traj_id: t.outcome for t in ran}, {}
+        for g in judged:
+            for key, value in unit_test_counts(g, outcomes).items():
+                tests[key] = tests.get(key, 0) + value
+        sums["unit_tests"] = tests
+    return sums
+
+
+def join(opts: EvalOptions) -> dict:
+    """`--join`: the unsharded summary from the shards' summaries (`rlany.shards`): their
+    task rows in shard order and their counts added up, through `summary_of`; adapter checks
+    are every shard's, wall_time_s the slowest shard's."""
+    from rlany import shards
+    from rlany.options import flag
+    from rlany.provenance import sha256_file
+    from rlany.stageio import prepare_paths
+
+    started = time.time()
+    given = [f.name for f in fields(opts) if f.name not in ("join", "output")
+             and getattr(opts, f.name) != f.default]
+    if given:
+        raise UsageError(f"--join adds up the shards' counts: it runs no model and reads no "
+                         f"tasks, so {flag(given[0])} does not go with it; give only --join "
+                         "and -o")
+    path = prepare_paths({"--join": opts.join}, {"--output": opts.output})["--join"]
+    parts = shards.in_order(shards.read_parts(path, opts.join), opts.join)
+    first = parts[0]
+    ks = [int(key[len("pass@"):]) for key in first if key.startswith("pass@")]
+    try:
+        summary = summary_of(first["policy"], [row for p in parts for row in p["per_task"]],
+                             _added([p["sums"] for p in parts]), ks, first.get("judge"))
+        checks = [c for p in parts for c in p.get("adapter_checks", [])]
+        summary.update({"adapter_checks": checks} if checks else {})
+        summary["wall_time_s"] = max(float(p["wall_time_s"]) for p in parts)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RlanyError(f"a shard's summary is damaged ({type(e).__name__}: {e})",
+                         where=opts.join) from None
+    flags = {**(first["shard"].get("flags") or {}), "shard": None, "trajectories": None,
+             "output": opts.output, "join": opts.join}
+    inputs = [{"path": opts.join, "sha256": sha256_file(path), "records": len(parts)}]
+    _write(summary, opts.output, ks, flags=flags, inputs=inputs, started=started,
+           counts={"shards": len(parts)})
+    return summary
+
+
+def _added(sums: list[dict]) -> dict:
+    """Shards' counts added key by key (nested: policy, judge, unit_tests)."""
+    out: dict = {}
+    for s in sums:
+        for key, value in s.items():
+            if isinstance(value, dict):
+                out[key] = _added([out.get(key, {}), value])
+            elif isinstance(value, int) and not isinstance(value, bool):
+                out[key] = out.get(key, 0) + value
+            else:
+                raise ValueError(f"sums {key!r} is not a count")
+    return out
+
+
+def _write(summary: dict, output: str, ks: list[int], *, flags: dict, inputs: list,
+           started: float, counts: dict) -> None:
+    """eval.json (or stdout), its sidecar and the summary line."""
+    from rlany.console import info
+    from rlany.outputs import write_meta, write_text_atomic
+    from rlany.stageio import GEN_VERSIONS
+
     text = json.dumps(summary, indent=2) + "\n"
-    if opts.output == "-":
+    if output == "-":
         print(text, end="", flush=True)
     else:
-        write_text_atomic(opts.output, text)
-    write_meta(opts.output, stage="eval", flags=engine_flags(opts, engine), inputs=[reader],
-               counts={k: v for k, v in summary.items() if k != "per_task"}, started=started,
-               versions=GEN_VERSIONS)
+        write_text_atomic(output, text)
+    write_meta(output, stage="eval", flags=flags, inputs=inputs,
+               counts={**{k: v for k, v in summary.items()
+                          if k not in ("per_task", "shard", "sums")}, **counts},
+               started=started, versions=GEN_VERSIONS)
     acc = summary.get("judge_step_accuracy")
     ci = summary["success_ci95"] or [0.0, 0.0]
     errors = summary["errored"]
@@ -234,7 +378,6 @@ def run(opts: EvalOptions, engine=None) -> dict:
          f"trajectories of {summary['tasks']} tasks"
          + (f" ({errors} more errored, not counted), " if errors else ", ")
          + ", ".join(f"pass@{k} " + ("-" if summary[f"pass@{k}"] is None else
-                                     f"{summary[f'pass@{k}']:.3f}") for k in opts.k)
+                                     f"{summary[f'pass@{k}']:.3f}") for k in ks)
          + (f", judge step accuracy {acc:.3f}" if acc is not None else "")
-         + f" -> {opts.output} ({summary['wall_time_s']:.1f}s)")
-    return summary
+         + f" -> {output} ({summary['wall_time_s']:.1f}s)")

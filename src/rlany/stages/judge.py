@@ -17,7 +17,8 @@ not, and 0 when test j was unparseable. So `rlany score` needs nothing new for t
 programs.
 
 Judgments come out in trajectory order (one per trajectory, grouped by task), which is the
-order `rlany score` reads them in.
+order `rlany score` reads them in. `--shard I/N` judges a contiguous block of the whole
+input's batches (`rlany.shards`); a rollout shard's output is judged whole, without it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from rlany.records import (
     Trajectory,
     responses_digest,
 )
+from rlany.shards import shard_opt
 from rlany.stages.unit_tests import unit_test_batch, unit_test_counts
 from rlany.stats import balanced_accuracy
 
@@ -88,6 +90,8 @@ class JudgeOptions(EngineFields):
                        "warm start (then `score --rm-target label`, `train-rm --objective "
                        "logloss`). Needs --max-tokens 0; a step without a label is an error.",
                        scope="io")
+    shard: str | None = shard_opt("whole batches (--batch-trajectories) of the input's task "
+                                  "groups, contiguous")
 
     def check(self, name) -> None:
         if self.labels and self.max_tokens != 0:
@@ -213,6 +217,7 @@ def unused(group: list[Trajectory], select: str) -> str | None:
 
 def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     """Read trajectories, judge them (resuming a partial output), write judgments."""
+    from rlany import shards
     from rlany.console import info
     from rlany.jsonl import JsonlReader
     from rlany.outputs import ResumableJsonl, write_meta
@@ -226,12 +231,18 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     )
 
     started = time.time()
+    shard = shards.parse(opts.shard)
+    if shard:
+        shards.refuse_sharded_input(opts.input)
     if opts.labels and (engine is not None or opts.adapter):
         raise UsageError("--labels writes the env's labels: no model, so no --adapter")
     check_adapter(opts.adapter)
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
     reader = JsonlReader(path, Trajectory, "trajectories", name=opts.input)
-    _check_input(reader, opts.labels)
+    sizes = _check_input(reader, opts.labels)
+    keep, in_shard = shards.take(list(sizes), opts.batch_trajectories, shard, stage="judge",
+                                 batch_flag="--batch-trajectories", unit="task groups",
+                                 sizes=list(sizes.values()))
     engine = (NoModel("labels", "--labels: the env's step labels, no model") if opts.labels
               else engine or start_engine(opts))
     flags = engine_flags(opts, engine)
@@ -241,7 +252,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
             info(f"judge: resuming, {len(out.done)} tasks already judged")
         tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
         try:
-            tally = _judge_into(out, reader, engine, opts)
+            tally = _judge_into(out, reader, engine, opts, set(keep) if shard else None)
         finally:
             out.close()
         out.finish()
@@ -249,17 +260,18 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
               "skipped": tally.skipped,
               # balanced accuracy against the env's step labels, on the steps judged here
               "label_accuracy": balanced_accuracy(tally.by_label),
-              "labelled_verdicts": tally.by_label[1][0] + tally.by_label[-1][0]}
+              "labelled_verdicts": tally.by_label[1][0] + tally.by_label[-1][0], **in_shard}
     write_meta(opts.output, stage="judge", flags=flags, inputs=[reader], counts=counts,
                started=started, versions=GEN_VERSIONS)
     info(_summary_line(counts, tally, opts.output, started))
     return counts
 
 
-def _check_input(reader: Iterable[tuple[str, Trajectory]], labels: bool) -> None:
+def _check_input(reader: Iterable[tuple[str, Trajectory]], labels: bool) -> dict[str, int]:
     """A malformed line, a task split in two or a trajectory id seen before fails here,
     before an engine is started (groups are judged and resumed by task, and matched by id);
-    with `labels`, so does a step without the env's label."""
+    with `labels`, so does a step without the env's label. Returns each task's group size,
+    in input order."""
     from rlany.stages.pairing import groups
 
     ids: set[str] = set()
@@ -272,8 +284,7 @@ def _check_input(reader: Iterable[tuple[str, Trajectory]], labels: bool) -> None
                 _check_labels(t, where)
             ids.add(t.traj_id)
             yield where, t, None
-    for _ in groups(unique()):
-        pass
+    return {g[0][1].task_id: len(g) for g in groups(unique())}
 
 
 @dataclass
@@ -298,9 +309,9 @@ class _Tally:
 
 
 def _judge_into(out: ResumableJsonl, reader: Iterable[tuple[str, Trajectory]], engine: Engine,
-                opts: JudgeOptions) -> _Tally:
-    """Judge the tasks `out` has not written yet, writing each task's judgments as one group
-    (after its trajectories when `out` streams to a pipe)."""
+                opts: JudgeOptions, keep: set[str] | None = None) -> _Tally:
+    """Judge the tasks `out` has not written yet (of `keep`, a shard's, where given), writing
+    each task's judgments as one group (after its trajectories when `out` streams)."""
     from rlany.console import progress
 
     done = set(out.done)
@@ -310,7 +321,7 @@ def _judge_into(out: ResumableJsonl, reader: Iterable[tuple[str, Trajectory]], e
 
     def todo():
         for _, t in reader:
-            if t.task_id not in done:
+            if t.task_id not in done and (keep is None or t.task_id in keep):
                 outcomes[t.traj_id] = t.outcome
                 labels[t.traj_id] = [s.info.get("label") for s in t.steps]
                 if out.stream:

@@ -25,7 +25,8 @@ current state) answers instead of a model, in exactly the prompts the same flags
 policy, so `rlany sft` can warm-start the policy on them. No model is loaded.
 
 Sampling seeds are derived from (seed, task_id, iteration, turn, sample), so a rerun, or a
-resumed run that redoes a batch, draws the same samples from a seeded engine.
+resumed run that redoes a batch, draws the same samples from a seeded engine. `--shard I/N`
+plays a contiguous block of whole batches (`rlany.shards`): the unsharded run's own.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from rlany.envs import Environment, split_obs
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
 from rlany.records import Step, Task, Trajectory, traj_id
+from rlany.shards import shard_opt
 from rlany.stages.episode_errors import MAX_ERROR_SHARE, EnvFailed, ErrorBudget, errored, watched
 
 
@@ -97,6 +99,8 @@ class RolloutOptions(EpisodeFields):
                                  "choices()), so the n episodes of a task differ and their "
                                  "steps carry both labels: labelled data for a judge warm "
                                  "start. Allows --n > 1.", min=0, max=1, scope="io")
+    shard: str | None = shard_opt("whole batches of --batch-tasks tasks, contiguous, after "
+                                  "--sample-tasks drew from the whole input")
 
     @property
     def sampling(self) -> Sampling:
@@ -298,7 +302,7 @@ def _trajectory(e: _Episode, opts: RolloutOptions, policy: dict) -> Trajectory:
 
 def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     """Read tasks, roll out (resuming a partial output), write trajectories + sidecar."""
-    from rlany import envs
+    from rlany import envs, shards
     from rlany.console import info, progress
     from rlany.outputs import ResumableJsonl, write_meta
     from rlany.stageio import (
@@ -311,6 +315,7 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     )
 
     started = time.time()
+    shard = shards.parse(opts.shard)
     if opts.expert and (engine is not None or opts.adapter):
         raise UsageError("--expert plays the env's expert: no model, so no --adapter")
     if opts.expert_p is not None and not opts.expert:
@@ -324,6 +329,8 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
         opts, {"--output": opts.output}, engine,
         check=(lambda t: _has_expert(t, opts.expert_p is not None)) if opts.expert else None)
     input_tasks, tasks = len(tasks), sample_tasks(tasks, opts)
+    tasks, in_shard = shards.take(tasks, opts.batch_tasks, shard, stage="rollout",
+                                  batch_flag="--batch-tasks")
     flags = engine_flags(opts, engine)
     with output_lock(opts.output):
         out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
@@ -364,7 +371,7 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
               "new_trajectories": total, "errored": budget.errors,
               "success_rate": successes / max(total - errors, 1), "completion_tokens": tokens,
               "generate_calls": stats.calls - calls0, "generate_seconds": round(seconds, 3),
-              **adapter_checks(engine)}
+              **adapter_checks(engine), **in_shard}
     write_meta(opts.output, stage="rollout", flags=flags, inputs=[reader], counts=counts,
                started=started, versions=GEN_VERSIONS)
     info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/"
