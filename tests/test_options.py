@@ -269,7 +269,10 @@ n = 2
     compared = 0
     for path in sorted(loop_dir.rglob("*")):
         rel = path.relative_to(loop_dir)
-        skip = (path.is_dir() or path.name.endswith((".meta.json", "metrics.jsonl"))
+        # the loop's own bookkeeping: sidecars, metrics, and what a sibling run may share
+        # (*.content.json: the digests eval_reuse / warm_reuse compare)
+        skip = (path.is_dir() or path.name.endswith((".meta.json", "metrics.jsonl",
+                                                      ".content.json"))
                 or path.name in ("done.json", "rlany.json", "config.json"))
         if skip or rel.parts[0] in ("report",):
             continue

@@ -10,10 +10,11 @@ import torch
 
 from conftest import make_judgment, make_traj, write_jsonl
 from rlany.errors import RlanyError
+from rlany.logprobs import token_logprobs
 from rlany.stages.score import ScoreOptions, score_group
 from rlany.stages.train_policy import TrainOptions
 from rlany.training.fields import lr_at
-from rlany.training.losses import ppo_clip_loss, token_logprobs
+from rlany.training.losses import ppo_clip_loss
 from rlany.training.model import load_model
 from rlany.training.samples import Sample, tokenize
 from rlany.training.trainer import plan_steps, train

@@ -32,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Optional
 
-from rlany.engines import ENGINES
 from rlany.errors import RlanyError, UsageError
+
+ENGINES = ("auto", "vllm", "hf", "openai", "fake")  # the --engine choices (rlany.engines)
 
 SCOPES = ("stage", "run", "io")
 SCOPE_ORDER = {"io": 0, "stage": 1, "run": 2}

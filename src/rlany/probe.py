@@ -37,7 +37,7 @@ def forward_logprobs(net, prompt: list[int], response: list[int]) -> list[float]
     """log p(response | prompt) per token, computed as the trainer computes it."""
     import torch
 
-    from rlany.training.losses import token_logprobs
+    from rlany.logprobs import token_logprobs
 
     device = next(net.parameters()).device
     ids = torch.tensor([prompt + response], device=device)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-ENGINES = ("auto", "vllm", "hf", "openai", "fake")  # the --engine choices
+from rlany.options import ENGINES  # noqa: F401 (the --engine choices, with the flags)
 
 
 @dataclass(frozen=True)

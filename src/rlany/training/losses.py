@@ -81,14 +81,6 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Te
                      sequences=int((counts > 0).sum().item()))
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Log-prob of each next token: logits (B, T, V), input_ids (B, T) -> (B, T-1)."""
-    logits = logits[:, :-1].float()  # (B, T-1, V)
-    targets = input_ids[:, 1:]  # (B, T-1)
-    picked = logits.gather(-1, targets[..., None])[..., 0]  # (B, T-1)
-    return picked - torch.logsumexp(logits, dim=-1)  # no (B, T, V) log-softmax kept
-
-
 def nll_loss(logp: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, *,
              normalizer: float | None = None) -> LossParts:
     """Supervised (`rlany sft`): per sequence the token mean negative log-likelihood of the

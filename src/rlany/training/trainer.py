@@ -294,7 +294,7 @@ def response_logprobs(model, batch, device, keep: bool = True):
     the LM head runs only where a response token is predicted (from the shortest prompt's
     last token on): over a long prompt it is most of the (B, T, vocab) logits and a quarter
     of the compute, and the log-probs are the same numbers."""
-    from rlany.training.losses import token_logprobs
+    from rlany.logprobs import token_logprobs
 
     ids, attn, resp, adv = (t.to(device) for t in batch)
     if not keep:
