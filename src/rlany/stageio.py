@@ -44,9 +44,26 @@ def begin_generation(opts: Any, outputs: dict[str, str | None], engine: Any = No
     engine starts), then the engine started unless one is given (the loop passes its own)."""
     for flag, adapter in {"--adapter": opts.adapter, **(adapters or {})}.items():
         check_adapter(adapter, flag)
+        check_fits(opts, adapter, flag)
     paths = prepare_paths({"--input": opts.input}, outputs)
     tasks, reader = read_tasks(paths["--input"], name=opts.input, check=check)
     return tasks, reader, engine or start_engine(opts)
+
+
+def check_fits(opts: Any, adapter: str | None, flag: str = "--adapter") -> None:
+    """An adapter made for another base model fails in one line before any work, where the
+    engine loads the weights here (hf, vllm); `rlany.adapters` says what is compared."""
+    from rlany import engines
+    from rlany.adapters import check_adapter_fits
+    from rlany.models import resolve_model
+
+    if not adapter or engines.resolve_engine(opts.engine)[0] not in ("vllm", "hf"):
+        return
+    try:
+        model = resolve_model(opts.model)
+    except RlanyError:
+        return  # no model to compare with: starting the engine says so
+    check_adapter_fits(adapter, model, flag)
 
 
 def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = None,

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import json
+import math
 import mimetypes
 import time
 import urllib.error
@@ -59,8 +61,10 @@ class OpenAIEngine:
         """True once the server has returned token ids, and always did so."""
         return self._ids_seen and not self._ids_missing
 
-    def _post(self, path: str, body: dict, root: bool = False) -> dict:
-        """POST to `{base_url}{path}` (root: to the server's root, e.g. /detokenize)."""
+    def _post(self, path: str, body: dict, root: bool = False, reply: bool = True) -> dict:
+        """POST to `{base_url}{path}` (root: to the server's root, e.g. /detokenize); the
+        answer's JSON object. `reply` False: any answer will do (vLLM's /load_lora_adapter
+        answers plain text)."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -71,15 +75,16 @@ class OpenAIEngine:
             req = urllib.request.Request(base + path, data=data, headers=headers)
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    text = resp.read().decode()
-                    return json.loads(text) if text.strip().startswith("{") else {}
+                    text = resp.read().decode("utf-8", "replace")
+                return _json_object(text, base + path) if reply else {}
             except urllib.error.HTTPError as e:
                 retryable = e.code == 429 or e.code >= 500
                 detail = e.read().decode(errors="replace")[:200]
                 if not retryable or attempt == self.retries:
                     raise RlanyError(f"HTTP {e.code} from {path}: {detail}",
                                      where=self.base_url) from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            except (urllib.error.URLError, TimeoutError, ConnectionError,
+                    http.client.HTTPException) as e:
                 if attempt == self.retries:
                     raise RlanyError(f"cannot reach the server: {e}", where=self.base_url) from None
             time.sleep(delay)
@@ -92,7 +97,8 @@ class OpenAIEngine:
         path = str(Path(adapter).resolve())
         if path not in self._adapters:
             name = "rlany-" + hashlib.sha256(path.encode()).hexdigest()[:12]
-            self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+            self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path},
+                       reply=False)
             self._adapters[path] = name
             self.probes.loaded(adapter, path, lambda probe: self._probe_logprobs(probe, name))
         self.probes.require(path)
@@ -130,12 +136,12 @@ class OpenAIEngine:
         if s.logprobs:
             body["logprobs"] = True
         if not s.choices:
-            return self._parse(self._post("/chat/completions", body), s.logprobs)
+            return self._parse(self._post("/chat/completions", body), s.logprobs, s.n)
         for key in dict.fromkeys((self._choice_key, "guided_choice")):
             guided = {"structured_outputs": {"choice": list(s.choices)}} if key != \
                 "guided_choice" else {"guided_choice": list(s.choices)}
             result = self._parse(self._post("/chat/completions", {**body, **guided}),
-                                 s.logprobs)
+                                 s.logprobs, s.n)
             if all(c.text in s.choices for c in result.completions):
                 self._choice_key = key
                 return result
@@ -143,34 +149,49 @@ class OpenAIEngine:
                          "nor guided_choice constrained its answer)", where=self.base_url,
                          hint="serve with vLLM, or run without constrained decoding")
 
-    def _parse(self, out: dict, want_logprobs: bool) -> Result:
+    def _parse(self, out: dict, want_logprobs: bool, n: int) -> Result:
+        """The server's chat completion as a Result: `n` choices, each with a message (or a
+        `text`); anything else is one line naming the URL, never a sample made up."""
+        where = self.base_url + "/chat/completions"
+        usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
+        choices = out.get("choices")
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise RlanyError("the server's answer has no list of choices", where=where)
+        if len(choices) != n:
+            raise RlanyError(f"the server answered {len(choices)} choices for n={n}",
+                             where=where, hint="a server that ignores `n` (several samples "
+                             "per request) cannot serve --n above 1")
+        choices = sorted(choices, key=lambda c: c.get("index", 0)
+                         if isinstance(c.get("index"), int) else 0)
         completions = []
-        usage = out.get("usage") or {}
-        choices = sorted(out.get("choices", []), key=lambda c: c.get("index", 0))
-        for choice in choices:
-            content = (choice.get("logprobs") or {}).get("content") or []
-            ids = choice.get("token_ids")
+        for k, choice in enumerate(choices):
+            text, content, ids = _choice_parts(choice, k, where, want_logprobs)
             if ids is None:  # placeholders, one per token, for counting
                 self._ids_missing = True
-                count = len(content) or usage.get("completion_tokens", 0) // len(choices)
+                tokens = usage.get("completion_tokens", 0)
+                count = len(content) or (tokens // n if isinstance(tokens, int) else 0)
                 ids = [0] * count
             else:
                 self._ids_seen = True
             stop = choice.get("stop_reason")
             completions.append(Completion(
-                text=choice["message"].get("content") or "", token_ids=list(ids),
+                text=text, token_ids=ids,
                 finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
                 logprobs=[c["logprob"] for c in content] if want_logprobs else None,
                 stop_reason=stop if isinstance(stop, str) else None))
-        prompt = out.get("prompt_token_ids") or [0] * usage.get("prompt_tokens", 0)
+        prompt = out.get("prompt_token_ids")
+        if not _int_list(prompt):
+            tokens = usage.get("prompt_tokens", 0)
+            prompt = [0] * (tokens if isinstance(tokens, int) and tokens >= 0 else 0)
         return Result(prompt_token_ids=list(prompt), completions=completions)
 
     def decode(self, ids: list[int]) -> str:
         """Text of token ids, by vLLM's `/detokenize` endpoint."""
         if not ids:
             return ""
-        return self._post("/detokenize", {"model": self.model, "tokens": list(ids)},
+        text = self._post("/detokenize", {"model": self.model, "tokens": list(ids)},
                           root=True).get("prompt", "")
+        return text if isinstance(text, str) else ""
 
     def generate(self, requests: Sequence[Request]) -> list[Result]:
         start = time.perf_counter()
@@ -188,6 +209,50 @@ class OpenAIEngine:
 
     def close(self) -> None:
         pass
+
+
+def _json_object(text: str, url: str) -> dict:
+    """A served answer's body: a JSON object, or one line naming the URL."""
+    try:
+        out = json.loads(text)
+    except (ValueError, RecursionError):
+        out = None
+    if not isinstance(out, dict):
+        raise RlanyError(f"the server's answer is not a JSON object: {text.strip()[:80]!r}",
+                         where=url, hint="is --base-url an OpenAI-compatible endpoint "
+                         "(e.g. http://HOST:8000/v1)?")
+    return out
+
+
+def _choice_parts(choice: dict, k: int, where: str, want_logprobs: bool):
+    """(text, log-prob entries, token ids or None) of choice `k`, each checked."""
+    message = choice.get("message")
+    if isinstance(message, dict):  # chat; a message without content (a refusal) is ""
+        text = message.get("content") if message.get("content") is not None else ""
+    else:
+        text = choice.get("text")  # a completions-style choice
+    if not isinstance(text, str):
+        raise RlanyError(f"the server's choice {k} has no message with text content",
+                         where=where, hint="is it an OpenAI-compatible chat endpoint?")
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    content = content if isinstance(content, list) else []
+    if want_logprobs and not all(
+            isinstance(c, dict) and isinstance(c.get("logprob"), (int, float))
+            and not isinstance(c.get("logprob"), bool) and math.isfinite(c["logprob"])
+            for c in content):
+        raise RlanyError(f"the server's choice {k} has log-probs that are not finite "
+                         "numbers", where=where)
+    ids = choice.get("token_ids")
+    if ids is not None and not _int_list(ids):
+        raise RlanyError(f"the server's choice {k} has token_ids that are not integers",
+                         where=where)
+    return text, content, (list(ids) if ids is not None else None)
+
+
+def _int_list(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in value)
 
 
 def inline_images(messages: list[dict]) -> list[dict]:

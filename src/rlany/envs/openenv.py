@@ -38,11 +38,13 @@ numbers themselves).
 Failures are one line, never a hang: a server that is down fails the episode at reset
 ("cannot reach the server at URL"; later episodes for 10 s fail at once without waiting);
 one that does not answer within timeout_s, or answers with something that is not an
-OpenEnv message, fails the episode at that step. Rollout holds one session per live
-episode (--batch-tasks x --n), so give the server (max_concurrent_envs) at least that many:
-a server full of this process's own sessions fails the episode at once (they end with the
-batch); one full of other clients' is asked again for up to timeout_s, counted in the first
-step's info["session_retries"].
+OpenEnv message, or a reward that is not a finite number (NaN, infinity), fails the
+episode at that step (finish "error"); text with lone surrogates (invalid UTF-8) is
+repaired with U+FFFD, said once per server (`openenv_wire.repair_text`). Rollout holds
+one session per live episode (--batch-tasks x --n), so give the server
+(max_concurrent_envs) at least that many: a server full of this process's own sessions
+fails the episode at once (they end with the batch); one full of other clients' is asked
+again for up to timeout_s, counted in the first step's info["session_retries"].
 
 `rlany envs make-tasks openenv --knob url=URL` (or --knob command=... --knob port=N; knob
 `spec` a JSON object of other spec keys, `prefix`, `prompt`): n episodes of that server,
@@ -142,6 +144,11 @@ class OpenenvEnv:
             raise _once(e.message) from None
         reward = data.get("reward")
         self.total += float(reward or 0)
+        if not wire.finite(self.total):  # each reward is finite (wire); their sum overflowed
+            url = self.session.url
+            self.close()
+            raise _once(f"openenv: the rewards of the server at {url} sum to {self.total}, "
+                        "not a finite number: the episode cannot be scored")
         info.update(reward=reward, **{"return": self.total})
         text, images = self._observe(data)
         done = bool(data.get("done"))
@@ -359,18 +366,26 @@ def _say(connect):
 
 
 def make_tasks(n: int, seed: int, url: str = "", command: str = "", port: int = 0,
-               spec: dict | None = None, split: str = "train", prefix: str = "oe",
+               spec: str | dict | None = None, split: str = "train", prefix: str = "oe",
                prompt: str = PROMPT) -> list[Task]:
     """n episodes of one server, each reset with its own seed (spec.reset.seed, drawn from
-    --seed): the server is given by url, or by command and port; `spec` (a JSON object)
-    adds any other spec key to every task (e.g. {"action_field": "message"})."""
+    --seed): the server is given by url, or by command and port; `spec` (a JSON object, or
+    its text as `--knob spec=JSON` gives it) adds any other spec key to every task (e.g.
+    {"action_field": "message"})."""
+    hint = "--knob url=http://HOST:PORT, or --knob command=... --knob port=N"
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError as e:
+            raise RlanyError(f"openenv tasks: spec is not JSON ({e})",
+                             hint="e.g. --knob 'spec={\"action_field\": \"message\"}'") from None
+    if not isinstance(spec or {}, dict):
+        raise RlanyError("openenv tasks: spec must be a JSON object", hint=hint)
     base = {**({"url": url} if url else {}), **({"command": command, "port": port}
                                                 if command else {}), **(spec or {})}
-    problems = OpenenvEnv().validate(base) if isinstance(spec or {}, dict) \
-        else ["spec must be a JSON object"]
+    problems = OpenenvEnv().validate(base)
     if problems:
-        raise RlanyError(f"openenv tasks: {'; '.join(problems)}",
-                         hint="--knob url=http://HOST:PORT, or --knob command=... --knob port=N")
+        raise RlanyError(f"openenv tasks: {'; '.join(problems)}", hint=hint)
     rng, out = random.Random(seed), []
     for k in range(n):
         task_id = f"{prefix}-{seed}-{k:04d}"

@@ -36,7 +36,9 @@ import binascii
 import contextlib
 import io
 import json
+import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -125,8 +127,8 @@ class Session:
             raise RlanyError(f"openenv: the server at {self.url} closed the session during "
                              f"{what} ({type(e).__name__}: {_first_line(e)})") from None
         try:
-            answer = json.loads(raw)
-        except ValueError:
+            answer = repair_text(json.loads(raw), self.url)
+        except (ValueError, RecursionError):
             raise RlanyError(f"openenv: the server at {self.url} answered {what} with "
                              f"something not JSON: {str(raw)[:80]!r}") from None
         kind = answer.get("type") if isinstance(answer, dict) else None
@@ -144,6 +146,10 @@ class Session:
                 or not isinstance(data.get("reward"), (int, float, type(None))):
             raise RlanyError(f"openenv: the server at {self.url} answered {what} with an "
                              f"unexpected message: {str(raw)[:120]!r}")
+        if not finite(data.get("reward")):
+            raise RlanyError(f"openenv: the server at {self.url} answered {what} with reward "
+                             f"{raw_reward(data['reward'])}, not a finite number: the "
+                             "episode cannot be scored")
         return data
 
     def close(self) -> None:
@@ -154,6 +160,51 @@ class Session:
         self._stack.close()
         if self.open:
             self.open, held[self.url] = False, held[self.url] - 1
+
+
+def finite(reward) -> bool:
+    """A reward rlany can score and write: None or a finite number (JSON has no NaN or
+    infinity; Python's json reads the tokens NaN, Infinity and 1e999 as such)."""
+    try:
+        return reward is None or math.isfinite(float(reward))
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
+def raw_reward(reward) -> str:
+    text = repr(reward)
+    return text if len(text) <= 24 else f"{text[:20]}... ({len(text)} digits)"
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_repaired: set[str] = set()  # servers whose text was repaired (said once per process)
+
+
+def repair_text(value, url: str):
+    """`value` with every lone surrogate in its strings (keys included) replaced by
+    U+FFFD. JSON's \\uD800 escape decodes to a code point UTF-8 cannot encode, which no
+    record can hold; said once per server on stderr. json.loads joins a valid surrogate
+    pair into one character, so what is left is lone."""
+    found = []
+
+    def fix(v):
+        if isinstance(v, str) and _SURROGATE.search(v):
+            found.append(v)
+            return _SURROGATE.sub("\ufffd", v)
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        if isinstance(v, dict):
+            return {fix(k): fix(x) for k, x in v.items()}
+        return v
+
+    fixed = fix(value)
+    if found and url not in _repaired:
+        from rlany.console import info
+
+        _repaired.add(url)
+        info(f"openenv: the server at {url} sent text with lone surrogates (not valid "
+             "UTF-8); each is replaced by U+FFFD")
+    return fixed
 
 
 def action_schema(url: str, timeout_s: float) -> dict:

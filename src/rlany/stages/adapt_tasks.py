@@ -330,12 +330,20 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     from rlany.console import info
     from rlany.outputs import atomic_outputs, write_meta
     from rlany.provenance import sha256_file
-    from rlany.stageio import GEN_VERSIONS, check_adapter, prepare_paths, read_tasks, start_engine
+    from rlany.stageio import (
+        GEN_VERSIONS,
+        check_adapter,
+        check_fits,
+        prepare_paths,
+        read_tasks,
+        start_engine,
+    )
 
     started = time.time()
     if opts.critic == "env" and not opts.trajectories:
         raise UsageError("--critic env reads the episodes: give --trajectories")
     check_adapter(opts.adapter)
+    check_fits(opts, opts.adapter)
     decisions_out = opts.decisions_path
     paths = prepare_paths(
         {"--input": opts.input, "--stats": opts.stats, "--judgments": opts.judgments,

@@ -224,6 +224,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,
+        check_fits,
         engine_flags,
         output_lock,
         prepare_paths,
@@ -237,6 +238,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     if opts.labels and (engine is not None or opts.adapter):
         raise UsageError("--labels writes the env's labels: no model, so no --adapter")
     check_adapter(opts.adapter)
+    check_fits(opts, opts.adapter)
     path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
     reader = JsonlReader(path, Trajectory, "trajectories", name=opts.input)
     sizes = _check_input(reader, opts.labels)

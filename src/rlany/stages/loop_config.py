@@ -221,10 +221,13 @@ def _init_rank(cfg: LoopConfig) -> int:
 
 
 def _check_init_policy(cfg: LoopConfig) -> None:
+    from rlany.stageio import check_fits
+
     if not (Path(cfg.init_policy) / "adapter_config.json").is_file():
         raise RlanyError(f"init_policy {cfg.init_policy!r} is not a LoRA adapter directory "
                          "(no adapter_config.json)", where=cfg.path,
                          hint="e.g. the output of `rlany sft`")
+    check_fits(cfg.options("rollout", input="-"), cfg.init_policy, "init_policy")
 
 
 def _check_kl_ref(cfg: LoopConfig, table: str) -> None:

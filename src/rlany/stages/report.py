@@ -16,6 +16,7 @@ table).
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from statistics import fmean
@@ -61,6 +62,10 @@ def load_run(run: Path) -> dict:
                 bad.append("seconds")
             if bad:
                 raise RlanyError(f"{', '.join(bad)}: not a number", where=f"{metrics}:{lineno}")
+            wrong = _interval_problem(row)
+            if wrong:
+                raise RlanyError(wrong, where=f"{metrics}:{lineno}", hint="metrics.jsonl is "
+                                 "rebuilt from iter_*/done.json by rerunning `rlany loop`")
             rows.append(env_rows(row))
     base, init = run / "eval_base.json", run / "eval_init.json"
     evals = sorted(run.glob("iter_*/eval.json"))
@@ -69,6 +74,22 @@ def load_run(run: Path) -> dict:
             "init": _eval(init) if init.exists() else None,
             "final": _eval(evals[-1]) if evals else None,
             "final_iteration": int(evals[-1].parent.name[5:]) if evals else None}
+
+
+def _interval_problem(row: dict) -> str | None:
+    """What is wrong with a metrics line's 95% intervals (`KEY_ci95`), or None: each is
+    null or [lo, hi], two finite numbers with lo <= KEY <= hi (where KEY is a number),
+    as the plots' error bars and bands need."""
+    for key, ci in row.items():
+        if not key.endswith("_ci95") or ci is None:
+            continue
+        if not (isinstance(ci, list) and len(ci) == 2 and all(map(_number, ci))
+                and all(map(math.isfinite, ci))):
+            return f"{key}: an interval is [lo, hi], two finite numbers, not {json.dumps(ci)[:60]}"
+        value = row.get(key.removesuffix("_ci95"))
+        if not ci[0] <= ci[1] or (_number(value) and not ci[0] <= value <= ci[1]):
+            return f"{key}: the interval {ci} does not hold {key.removesuffix('_ci95')} {value}"
+    return None
 
 
 def env_rows(row: dict) -> dict:

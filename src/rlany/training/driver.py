@@ -61,6 +61,7 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
     base = resolve_model(opts.model)
     if not opts.full and not opts.adapter:
         check_lora_targets(base, opts.target_modules)
+    _check_adapters_fit(opts, base)
     vocab = _vocab_size(opts.adapter if opts.full and opts.adapter else base)
     if high is not None and vocab is not None and high[0] >= vocab:
         raise RlanyError(f"token id {high[0]} is outside the model's vocabulary of {vocab}",
@@ -87,6 +88,19 @@ def check_kl_ref(ref: str, name: str = "--kl-ref", in_loop: bool = False) -> Non
                          "give pre-update, base or an adapter directory")
     if ref not in (*KL_REFS, "init"):
         check_adapter(ref, name)
+
+
+def _check_adapters_fit(opts: TrainFields, base: str) -> None:
+    """--adapter (a LoRA one) and a --kl-ref adapter fit the base model (`rlany.adapters`):
+    another base model's adapter is one line here, not PEFT's state-dict error later."""
+    from rlany.adapters import check_adapter_fits
+    from rlany.training.fields import KL_REFS
+
+    if opts.adapter and not opts.full:
+        check_adapter_fits(opts.adapter, base)
+    ref = getattr(opts, "kl_ref", "pre-update")
+    if ref not in (*KL_REFS, "init"):
+        check_adapter_fits(ref, base, "--kl-ref")
 
 
 def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:

@@ -41,7 +41,7 @@ def saved_step(partial: Path, meta: dict, plan: str | None = None) -> int:
     state_file = partial / "state.json"
     if not state_file.exists():
         return 0
-    state = json.loads(state_file.read_text())
+    state = _read_state(state_file)
     if state.get("data_sha256") != meta.get("data_sha256"):
         raise RlanyError("an interrupted training of other data is in the way",
                          where=str(partial), hint="delete it to start over")
@@ -50,7 +50,31 @@ def saved_step(partial: Path, meta: dict, plan: str | None = None) -> int:
                          "way (flags such as --epochs, --micro-batch, --seed, --max-len or "
                          "--all-outcomes changed)", where=str(partial),
                          hint="rerun with the same flags, or delete it to start over")
-    return int(state["step"])
+    return state["step"]
+
+
+def _read_state(state_file: Path) -> dict:
+    """state.json as `save_state` writes it ({"step": N >= 1, "data_sha256": str | null,
+    "plan": str | null}); damaged (cut, edited, not a file) is one line naming it."""
+    def damaged(what: str) -> RlanyError:
+        return RlanyError(f"damaged resumable training state: {what}", where=str(state_file),
+                          hint=f"delete {state_file.parent} to start the training over")
+
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise damaged(f"cannot read it ({e.strerror or type(e).__name__})") from None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise damaged(f"not JSON ({str(e)[:80]})") from None
+    if not isinstance(state, dict):
+        raise damaged(f"not a JSON object but {type(state).__name__}")
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise damaged(f"'step' must be an integer >= 1, got {step!r:.40}")
+    for key in ("data_sha256", "plan"):
+        if not isinstance(state.get(key), (str, type(None))):
+            raise damaged(f"'{key}' must be a string, got {state[key]!r:.40}")
+    return state
 
 
 def plan_key(samples: list, steps: list[list[int]]) -> str:
