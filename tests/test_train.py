@@ -207,8 +207,9 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path, schedule):
     assert [r["step"] for r in logs[1:]] == [2, 3, 4]
     pf, pr = _lora_params(full), _lora_params(model)
     for k in pf:  # (a lost optimizer state or step moves weights by ~1e-3 at this rate;
-        # AVX-512 kernels leave fp32 runs ~1e-5 apart)
-        torch.testing.assert_close(pr[k], pf[k], rtol=1e-4, atol=5e-5, msg=k)
+        # AVX-512 kernels leave fp32 runs ~1e-5 apart, AVX2 kernels on one thread up to
+        # 1.2e-4 on one tensor of the 40: measured with ATEN_CPU_CAPABILITY=avx2)
+        torch.testing.assert_close(pr[k], pf[k], rtol=1e-4, atol=2.5e-4, msg=k)
 
 
 @pytest.mark.parametrize("order", ["shuffled", "grouped", "stratified"])

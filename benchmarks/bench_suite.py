@@ -1,0 +1,45 @@
+"""How long `make test` takes: the default suite as the Makefile runs it (two pytest-xdist
+workers, one torch thread each), timed as a whole, with the machine and its instruction-set
+switches recorded (set ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2 on an AVX-512 CPU for the AVX2 proxy). Target: <= 8 minutes on
+2 AVX2 cores. Run it alone on the machine.
+
+    python benchmarks/bench_suite.py      # -> benchmarks/results/suite-<cpu setting>.json
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import cpu_setting, save  # noqa: E402
+
+ARGS = ["-q", "-n", "2", "--dist", "loadfile", "-p", "no:cacheprovider"]  # the Makefile's
+
+
+def main() -> dict:
+    setting, switches = cpu_setting("float32")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", *ARGS], env=env,
+                          capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", tail)}
+    result = {"metric": "wall minutes of the default test suite (make test's pytest)",
+              "minutes": round(seconds / 60, 2), "target_minutes": 8,
+              "met": done.returncode == 0 and seconds <= 8 * 60, "counts": counts,
+              "returncode": done.returncode, "pytest_args": ARGS, "omp_num_threads": 1,
+              "isa_switches": switches}
+    path = save(f"suite-{setting}", result)
+    print(f"{tail}\n{result['minutes']} min -> {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
