@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import fmean
 
+from rlany.stages.report import draw_panel
 from rlany.stats import t_interval, wilson_interval
 
 PANELS = {
@@ -126,15 +127,13 @@ def draw(by_arm: dict[str, list[dict]], out: Path) -> list[Path]:
         ticks = sorted({x for line in lines for x in line["x"]})
         at = {x: ticks.index(x) for x in ticks} if panel == "success" else {x: x for x in ticks}
         fig, ax = plt.subplots(figsize=(7.5, 3.4))
-        for line in lines:
-            xs, c = [at[x] for x in line["x"]], color[line["arm"]]
-            ax.plot(xs, line["y"], marker="o", label=line["label"], color=c)
-            if any(line["band"]):
-                ax.fill_between(xs, [b[0] if b else y for b, y in zip(line["band"], line["y"])],
-                                [b[1] if b else y for b, y in zip(line["band"], line["y"])],
-                                alpha=0.18, color=c, linewidth=0)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel(X_LABEL.get(panel, "iteration"), fontsize=8)
+        drawn = [{"arm": line["arm"], "label": line["label"],
+                  "x": [at[x] for x in line["x"]], "y": line["y"],
+                  "lo": [b[0] if b else y for b, y in zip(line["band"], line["y"])],
+                  "hi": [b[1] if b else y for b, y in zip(line["band"], line["y"])],
+                  "band": any(line["band"])} for line in lines]
+        draw_panel(ax, drawn, title, X_LABEL.get(panel, "iteration"), colors=color,
+                   legend=False)
         if panel == "success":
             ax.set_xticks(range(len(ticks)),
                           [SUCCESS_TICKS.get(x, f"after {x + 1} iter.") for x in ticks], fontsize=8)

@@ -5,17 +5,21 @@ import json
 from pathlib import Path
 
 from rlany.stages.report import lines, load_run, write_report
+from rlany.stats import t_interval, wilson_interval
 
 
-def _run(root: Path, name: str, evals: list[float], judge: bool = False) -> Path:
-    """A loop run directory: base eval, then one metrics row per evaluation."""
+def _run(root: Path, name: str, evals: list[float], judge: bool = False,
+         episodes: int | None = None) -> Path:
+    """A loop run directory: base eval, then one metrics row per evaluation (with its
+    episode count where `episodes` says)."""
     run = root / name
     run.mkdir(parents=True)
     rows = []
     for i, s in enumerate(evals[1:]):
         row = {"iteration": i, "train_acc": 0.1 * (i + 1), "eval_success": s,
                "eval_success_ci95": [s - 0.05, s + 0.05], "policy_loss": 0.5,
-               "seconds": {"rollout": 3.0, "train_policy": 5.0}}
+               "seconds": {"rollout": 3.0, "train_policy": 5.0},
+               **({"eval_episodes": episodes} if episodes else {})}
         if judge:
             row.update(judge_label_accuracy=0.5, judge_parse_fail_rate=0.0, accepted_tasks=i)
         rows.append(row)
@@ -55,14 +59,24 @@ def test_seeds_of_one_arm_are_one_line_with_a_band(tmp_path):
             for s, evals in enumerate([[0.1, 0.2, 0.4], [0.1, 0.3, 0.2], [0.2, 0.4, 0.3]])]
     runs.append(load_run(_run(tmp_path, "policy-only-s0", [0.1, 0.3, 0.5])))
     panel = lines(runs, "eval_success")
-    assert [p["label"] for p in panel] == ["full (mean of 3 seeds; band: their range)",
-                                           "policy-only-s0"]
+    # no episode counts in these metrics: the mean, with a 95% t-interval over the seeds
+    assert [p["label"] for p in panel] == [
+        "full (3 seeds, mean; band: 95% t over seeds)", "policy-only-s0"]
     full = panel[0]
     assert full["band"] and full["x"] == [-1, 0, 1]
     assert [round(v, 3) for v in full["y"]] == [0.133, 0.3, 0.3]
-    assert full["lo"] == [0.1, 0.2, 0.2] and full["hi"] == [0.2, 0.4, 0.4]
+    seeds = [[0.1, 0.1, 0.2], [0.2, 0.3, 0.4], [0.4, 0.2, 0.3]]
+    assert [[lo, hi] for lo, hi in zip(full["lo"], full["hi"])] == [
+        t_interval(v) for v in seeds]
     assert [p["label"] for p in lines(runs, "judge_label_accuracy")] == [
-        "full (mean of 3 seeds; band: their range)"]  # policy-only has no judge line
+        "full (3 seeds, mean; band: 95% t over seeds)"]  # policy-only has no judge line
+    # with the episodes each evaluation ran, success is pooled with its Wilson interval
+    pooled = [load_run(_run(tmp_path / "p", f"arm-s{s}", evals, episodes=128))
+              for s, evals in enumerate([[0.1, 0.25], [0.2, 0.5]])]
+    line = lines(pooled, "eval_success")[0]
+    assert line["label"] == "arm (2 seeds, pooled; band: 95% Wilson)"
+    assert line["y"] == [(13 + 26) / 256, (32 + 64) / 256]
+    assert [line["lo"][1], line["hi"][1]] == wilson_interval(96, 256)
     out = tmp_path / "cmp"
     written = {p.name for p in write_report([str(tmp_path / r["name"]) for r in runs], out)}
     assert "judge_label_accuracy.png" in written and "eval_judge_step_accuracy.png" not in written

@@ -56,6 +56,7 @@ def collect_metrics(d: Path) -> dict:
         "rm_loss": ckpt("rm").get("loss"),
         "eval_success": evaluation.get("success_rate"),
         "eval_success_ci95": evaluation.get("success_ci95"),
+        "eval_episodes": evaluation.get("trajectories"),  # the rate's denominator
         "eval_on_plan_share": evaluation.get("on_plan_share"),
         "eval_pass": {k: v for k, v in evaluation.items() if k.startswith("pass@")},
         "eval_judge_step_accuracy": evaluation.get("judge_step_accuracy"),

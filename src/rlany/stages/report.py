@@ -8,9 +8,9 @@ proposed, accepted, rejected by reason, difficulty, lineage depth). Only the pan
 runs have data for are drawn (a policy-only run has no judge and no task panels). Eval
 success carries its 95% Wilson interval as error bars. Several runs: the same plots with
 one line per run, except that the seeds of one arm (runs named ARM-sSEED, as the learning
-benchmark names them) are one line, their mean, with a band from the lowest to the highest
-seed; and a table comparing every run's base and final numbers side by side (the ablation
-table).
+benchmark names them) are one line with a 95% band over the seeds (`arm_line`: eval success
+pooled, Wilson; the rest a t-interval), drawn as the research plots draw theirs
+(`draw_panel`); and a table comparing every run's base and final numbers side by side.
 """
 
 from __future__ import annotations
@@ -131,22 +131,48 @@ def env_table(run: dict) -> str | None:
 SEED = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
 
 
-def series(run: dict, key: str) -> dict[int, tuple[float, list[float] | None]]:
-    """iteration -> (value, its 95% interval or None) of one metric; eval success starts
-    with the base model at iteration -1."""
+def series(run: dict, key: str) -> dict[int, tuple[float, list[float] | None, int | None]]:
+    """iteration -> (value, its 95% interval or None, its episodes or None) of one metric;
+    eval success starts with the base model at iteration -1."""
     points = {}
     if key == "eval_success" and run["base"] and run["base"].get("success_rate") is not None:
-        points[-1] = (run["base"]["success_rate"], run["base"].get("success_ci95"))
+        points[-1] = (run["base"]["success_rate"], run["base"].get("success_ci95"),
+                      run["base"].get("trajectories"))
     for r in run["rows"]:
         if r.get(key) is not None:
-            points[r["iteration"]] = (r[key], r.get(f"{key}_ci95"))
+            points[r["iteration"]] = (r[key], r.get(f"{key}_ci95"),
+                                      r.get("eval_episodes") if key == "eval_success" else None)
     return points
+
+
+def arm_line(arm: str, data: list[dict], key: str) -> dict | None:
+    """The seeds of one arm as one line, with the band the research plots use too: eval
+    success pooled over the seeds with its 95% Wilson interval (where every point has its
+    episode count), any other metric the mean with a 95% t-interval over the seeds."""
+    from rlany.stats import t_interval, wilson_interval
+
+    xs = sorted({x for d in data for x in d})
+    if not xs:
+        return None
+    at = [[d[x] for d in data if x in d] for x in xs]
+    pooled = key == "eval_success" and all(n for p in at for _, _, n in p)
+    if pooled:
+        kn = [(sum(round(v * n) for v, _, n in p), sum(n for _, _, n in p)) for p in at]
+        ys, bands = [k / n for k, n in kn], [wilson_interval(k, n) for k, n in kn]
+    else:
+        ys = [fmean(v for v, _, _ in p) for p in at]
+        bands = [t_interval([v for v, _, _ in p]) for p in at]
+    seeds = sum(1 for d in data if d)
+    how = "pooled; band: 95% Wilson" if pooled else "mean; band: 95% t over seeds"
+    return {"label": f"{arm} ({seeds} seeds, {how})", "x": xs, "y": ys,
+            "lo": [b[0] if b else y for b, y in zip(bands, ys)],
+            "hi": [b[1] if b else y for b, y in zip(bands, ys)], "band": True}
 
 
 def lines(runs: list[dict], key: str) -> list[dict]:
     """What one panel draws: per line its label, x, y, and the band or error bars (lo, hi):
     a run alone with its intervals where it has them; the seeds of one arm (two or more runs
-    named ARM-sSEED) as their mean with the range over seeds as a band."""
+    named ARM-sSEED) as one line with a band over the seeds (`arm_line`)."""
     groups: dict[str, list[dict]] = {}
     for run in runs:
         m = SEED.match(run["name"])
@@ -155,13 +181,8 @@ def lines(runs: list[dict], key: str) -> list[dict]:
     for key_, members in groups.items():
         data = [series(run, key) for run in members]
         if key_.startswith("arm:") and len(members) > 1:
-            xs = sorted({x for d in data for x in d})
-            at = [[d[x][0] for d in data if x in d] for x in xs]
-            if xs:
-                out.append({"label": f"{key_[4:]} (mean of {len(members)} seeds; band: "
-                            "their range)", "x": xs, "y": [fmean(v) for v in at],
-                            "lo": [min(v) for v in at], "hi": [max(v) for v in at],
-                            "band": True})
+            if line := arm_line(key_[4:], data, key):
+                out.append(line)
             continue
         for run, d in zip(members, data):
             xs = sorted(d)
@@ -173,6 +194,29 @@ def lines(runs: list[dict], key: str) -> list[dict]:
                         "hi": [c[1] if c else d[x][0] for x, c in zip(xs, ci)],
                         "band": False, "intervals": any(ci)})
     return out
+
+
+def draw_panel(ax, panel: list[dict], title: str, xlabel: str, colors: dict | None = None,
+               legend: bool = True) -> None:
+    """One panel's lines on a matplotlib axis: a band filled, error bars where a run has
+    intervals; `colors` (label -> color) keeps an arm's color across panels. `rlany report`
+    and the research plots (research/learning_plots.py) draw through this."""
+    for line in panel:
+        color = (colors or {}).get(line.get("arm", line["label"]))
+        (handle,) = ax.plot(line["x"], line["y"], marker="o", label=line["label"], color=color)
+        if line["band"]:
+            ax.fill_between(line["x"], line["lo"], line["hi"], alpha=0.2,
+                            color=handle.get_color(), linewidth=0)
+        elif line.get("intervals"):
+            err = [[y - lo for y, lo in zip(line["y"], line["lo"])],
+                   [hi - y for y, hi in zip(line["y"], line["hi"])]]
+            ax.errorbar(line["x"], line["y"], yerr=err, fmt="none", capsize=3,
+                        color=handle.get_color())
+    bars = any(line.get("intervals") for line in panel)
+    ax.set_title(title + (" (bars: 95% interval)" if bars else ""), fontsize=10)
+    ax.set_xlabel(xlabel, fontsize=8)
+    if legend:
+        ax.legend(fontsize=7)
 
 
 def _number(value) -> bool:
@@ -298,22 +342,9 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
         if not panel:  # nothing to show: no empty panel (e.g. no judge in a policy-only run)
             continue
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        for line in panel:
-            (handle,) = ax.plot(line["x"], line["y"], marker="o", label=line["label"])
-            if line["band"]:
-                ax.fill_between(line["x"], line["lo"], line["hi"], alpha=0.2,
-                                color=handle.get_color())
-            elif line.get("intervals"):
-                err = [[y - lo for y, lo in zip(line["y"], line["lo"])],
-                       [hi - y for y, hi in zip(line["y"], line["hi"])]]
-                ax.errorbar(line["x"], line["y"], yerr=err, fmt="none", capsize=3,
-                            color=handle.get_color())
-        bars = any(line.get("intervals") for line in panel)
-        ax.set_title(title + (" (bars: 95% interval)" if bars else ""))
-        ax.set_xlabel("iteration (-1 = base model)" if key == "eval_success" else "iteration")
+        draw_panel(ax, panel, title, "iteration (-1 = base model)" if key == "eval_success"
+                   else "iteration", legend=len(panel) > 1 or len(runs) > 1)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        if len(panel) > 1 or len(runs) > 1:
-            ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / f"{key}.png"
         fig.savefig(path, dpi=100)
