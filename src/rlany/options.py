@@ -90,7 +90,9 @@ class EngineFields:
                      choices=("auto", "bfloat16", "float16", "float32"))
     max_model_len: int | None = opt(None, "vllm: context length to reserve KV cache for "
                                     "(default: the model's).", scope="run", min=1)
-    base_url: str | None = opt(None, "openai engine: the server's /v1 URL.", scope="run")
+    base_url: str | None = opt(None, "openai engine: the server's /v1 URL, or several "
+                               "separated by commas (requests dealt round-robin; every "
+                               "adapter loaded and verified on each).", scope="run")
     max_lora_rank: int = opt(16, "vllm: largest LoRA rank to serve (adapters are padded to "
                              "it; keep it tight).", scope="run", min=1)
     engine_batch: int = opt(64, "hf: sequences per generate call (the n samples of a "

@@ -228,8 +228,9 @@ def make_engine(cfg: EngineConfig) -> Engine:
         from rlany.engines.hf import HfEngine
         return HfEngine(cfg)
     if cfg.kind == "openai":
+        from rlany.engines.endpoints import Endpoints, split_urls
         from rlany.engines.openai import OpenAIEngine
-        return OpenAIEngine(cfg)
+        return Endpoints(cfg) if len(split_urls(cfg.base_url)) > 1 else OpenAIEngine(cfg)
     if cfg.kind == "fake":
         from rlany.engines.fake import FakeEngine
         return FakeEngine.from_file(cfg.model, seed=cfg.seed)
