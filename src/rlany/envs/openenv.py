@@ -30,7 +30,8 @@ convert is not sent ("Invalid action: ..."; the episode goes on). A step the ser
 (VALIDATION_ERROR, EXECUTION_ERROR) shows "The server rejected the action: ..." and goes on.
 Outcome: the server's `done` ends the episode; success when the last reward
 (success_on "last") or the sum of rewards ("sum") is > success_above. Each step's info has
-`reward` and `return` (the sum so far), `rejected` when the server refused the action.
+`reward` (null where the server gave none, or did not take the action) and `return` (the sum
+so far, null = 0), `rejected` when the server refused the action: `score --outcome return`.
 Observation text: spec.obs_field, else the only field, else "name: value" lines (null
 fields left out); the admissible actions are listed under it (numbered, unless they are
 numbers themselves).
@@ -265,7 +266,7 @@ class OpenenvEnv:
         """A step the server did not take: the same observation, the episode goes on."""
         images = self.screens if self.spec.get("images", "observe") == "observe" else ()
         return StepResult(obs=f"{note}\n{self.text}", done=False, success=False, action=None,
-                          info=info, images=images)
+                          info={**info, "reward": None, "return": self.total}, images=images)
 
     def _action_field(self, url: str, timeout: float) -> tuple[str | None, str]:
         if self.spec.get("action_json"):

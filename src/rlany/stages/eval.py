@@ -2,10 +2,12 @@
 
 Policy: success rate over the episodes that ran, pass@k per task with the unbiased
 estimator 1 - C(n-c, k) / C(n, k) (n samples that ran, c successes), averaged over the tasks
-with at least k, and mean steps. An episode the env failed (finish "error") has no outcome:
-it counts in `errored` and in no rate, and the judge is measured without it; above
-`--max-error-share` errored episodes, or with none that ran, the eval fails in one line
-and writes nothing (`rlany.stages.episode_errors`).
+with at least k, and mean steps; where the env gives rewards (`info.reward`, e.g. openenv),
+`mean_return` (the env's return per episode, `rlany.stages.env_reward`; None without).
+An episode the env failed (finish "error") has no outcome: it counts in `errored` and in
+no rate, and the judge is measured without it; above `--max-error-share` errored episodes,
+or with none that ran, the eval fails in one line and writes nothing
+(`rlany.stages.episode_errors`).
 
 Judge (optional): the reward model judges the eval trajectories.
 * `judge_step_accuracy`: against the environment's own step labels (`info["label"]`, +1 or
@@ -38,6 +40,7 @@ from rlany.options import opt
 from rlany.prompts import VERDICT_MODES
 from rlany.records import MODES, Judgment, Trajectory
 from rlany.shards import shard_opt
+from rlany.stages.env_reward import mean_return, return_row
 from rlany.stages.episode_errors import ErrorBudget, errored, watched
 from rlany.stages.rollout import EpisodeFields
 from rlany.stats import pass_at_k, wilson_interval
@@ -136,7 +139,7 @@ def policy_sums(groups: list[list[Trajectory]], ks: list[int]) -> tuple[list[dic
         per_task.append({"task_id": g[0].task_id, "n": len(r), "successes": c,
                          "errored": len(g) - len(r),
                          **{f"pass@{k}": pass_at_k(len(r), c, k) if len(r) >= k else None
-                            for k in ks}})
+                            for k in ks}, **return_row(r)})
     labels = [v for t in flat for st in t.steps if (v := st.info.get("label")) in (1, -1)]
     return per_task, {"trajectories": len(flat), "errored": sum(map(len, groups)) - len(flat),
                       "successes": sum(t.outcome == 1 for t in flat),
@@ -157,6 +160,7 @@ def policy_summary(per_task: list[dict], sums: dict, ks: list[int]) -> dict:
         "mean_steps": sums["steps"] / n if n else 0.0,
         "on_plan_share": (sums["on_plan_steps"] / sums["labelled_steps"]
                           if sums["labelled_steps"] else None),
+        "mean_return": mean_return(per_task),
         "per_task": per_task,
     }
 
@@ -380,4 +384,6 @@ def _write(summary: dict, output: str, ks: list[int], *, flags: dict, inputs: li
          + ", ".join(f"pass@{k} " + ("-" if summary[f"pass@{k}"] is None else
                                      f"{summary[f'pass@{k}']:.3f}") for k in ks)
          + (f", judge step accuracy {acc:.3f}" if acc is not None else "")
+         + (f", mean return {ret:.4g}" if (ret := summary.get("mean_return")) is not None
+            else "")
          + f" -> {output} ({summary['wall_time_s']:.1f}s)")

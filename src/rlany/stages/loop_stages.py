@@ -35,7 +35,8 @@ def _judged(cfg: LoopConfig) -> bool:
     the env's labels as step scores, `[score] step_scores = "label"`), the reward model's
     training, or the task adaptation's critiques (unless `[adapt_tasks] critic = "env"`:
     its rewriter reads the env's account of the episodes instead)."""
-    labels = cfg.tables.get("score", {}).get("step_scores") == "label"
+    # S from the env's step labels or its step rewards: no judge needed for step feedback
+    labels = cfg.tables.get("score", {}).get("step_scores") in ("label", "env-reward")
     critic = cfg.tables.get("adapt_tasks", {}).get("critic", "auto")
     return ((cfg.step_feedback and not labels) or cfg.rm_training
             or (cfg.env_adaptation and critic != "env"))

@@ -2,11 +2,13 @@
 
 Notation follows the paper (arXiv 2602.02488). For one task q with n trajectories τ_1..τ_n,
 trajectory i has outcome O_i ∈ {-1, +1} and steps t = 0..T_i-1; the judge gave each step m
-verdicts S_itj ∈ {-1, 0, +1} (0 = unparseable).
+verdicts S_itj ∈ {-1, 0, +1} (0 = unparseable). O_i and S̄_it may come from the env instead
+(`--outcome return | final-reward`, `--step-scores label | env-reward`: rlany.stages.env_reward);
+acc(q) stays the share of successes, and a task is "uniform" when its O_i are all equal.
 
 Policy (integrated feedback):
     S̄_it = mean_j S_itj                      (all m samples; an unparseable 0 abstains)
-    R_it = O_i + λ · S̄_it                    (λ = 1; --outcome-only means λ = 0)
+    R_it = O_i + λ · S̄_it                    (λ = 1; --lam 0 is the outcome alone)
     `--lam-gate agreement` (a research switch) scales λ by how far the step scores' agreement
     with the outcomes is above chance, measured on this input first (rlany.stages.lam_gate).
     A_it = (R_it - mean_{i'∈I_t} R_i't) / std_{i'∈I_t} R_i't
@@ -31,8 +33,6 @@ Reward model (consistency feedback):
     `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
     weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
     cheapest way to agree with R is to say -1 more often, whatever the step.
-    `--step-scores label` (a diagnostic) puts the env's label L_it in place of S̄_it in
-    R_it: the upper bound of step feedback (a perfect judge), with no judge at all.
     `--rm-target label` (a diagnostic, not the paper's method) puts the env's own step label
     L_it ∈ {-1, +1} (`info["label"]`) in place of R_it: the same steps and samples, trained
     toward the truth, which bounds what consistency feedback could teach the judge.
@@ -72,6 +72,8 @@ from rlany.errors import RlanyError
 from rlany.options import opt
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
 from rlany.stages.advantages import standardize
+from rlany.stages.env_reward import OUTCOMES, STEP_SCORES, labels, outcomes
+from rlany.stages.env_reward import step_scores as env_step_scores
 from rlany.stages.episode_errors import errored
 from rlany.stages.lam_gate import gated_lambda, judge_stats
 from rlany.stages.pairing import groups, paired
@@ -126,15 +128,26 @@ class ScoreOptions:
                          choices=("outcome", "integrated", "label"), diagnostic=True)
 
     step_scores: str = opt("judge", "Where S comes from in R = O + lambda * mean(S): the judge's "
-                           "verdicts (judge, the paper) or the env's own step labels (label: "
+                           "verdicts (judge, the paper), the env's own step labels (label: "
                            "the upper bound of step feedback, no judge needed; envs with step "
-                           "labels, e.g. household).", choices=("judge", "label"),
+                           "labels, e.g. household) or the env's step rewards (env-reward: "
+                           "info.reward, e.g. openenv; null = 0).", choices=STEP_SCORES,
                            diagnostic=True)
+    outcome: str = opt("success", "Where O comes from in R = O + lambda * mean(S): +1/-1 from "
+                       "the episode's success (success, the paper), the sum of the env's step "
+                       "rewards (return) or the last step's reward (final-reward), read from "
+                       "info.reward (e.g. openenv; null = 0). A trajectory without env "
+                       "rewards is refused. Success rates and acc(q) stay success-based.",
+                       choices=OUTCOMES)
 
     def check(self, name) -> None:
         if self.rm_acc_min > self.rm_acc_max:
             raise RlanyError(f"need {name('rm_acc_min')} <= {name('rm_acc_max')}, got "
                              f"{self.rm_acc_min} > {self.rm_acc_max}")
+        if self.lam_gate != "none" and self.outcome != "success":
+            raise RlanyError(f"{name('lam_gate')} {self.lam_gate} measures the step scores "
+                             f"against success outcomes: it does not go with "
+                             f"{name('outcome')} {self.outcome}")
 
     @property
     def stats_path(self) -> str | None:
@@ -166,14 +179,16 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
     successes = sum(t.outcome == 1 for t, ok in zip(trajs, ran) if ok)
     acc = successes / n if n else 0.0
 
-    # R_it = O_i + λ · mean_j S_itj (or λ · L_it, the env's label, with --step-scores label)
+    # R_it = O_i + λ · S̄_it: O from success or the env's rewards, S̄ the judge's mean
+    # verdict, the env's label or the env's step reward (--outcome, --step-scores)
+    outcome = outcomes(group, opts.outcome)
     step_scores = _step_scores(group, opts)
-    rewards = [[tr.outcome + opts.lam * s for s in scores]
-               for tr, scores in zip(trajs, step_scores)]
+    rewards = [[o + opts.lam * s for s in scores] for o, scores in zip(outcome, step_scores)]
     advantages, separated = _advantages(rewards, ran, opts.lone_step)
 
     candidate = any(t.extra.get("candidate") for t in trajs) and opts.candidates == "trial"
-    policy_keep, policy_reason = (_policy_filter(candidate, successes in (0, n), separated,
+    uniform = len({o for o, ok in zip(outcome, ran) if ok}) == 1  # all succeed / all fail
+    policy_keep, policy_reason = (_policy_filter(candidate, uniform, separated,
                                                  opts.uniform_tasks) if n else (False, NO_RUN))
     rm_keep = n > 0 and opts.rm_acc_min <= acc <= opts.rm_acc_max and not candidate
     rm_reason = ("candidate task, not accepted yet" if candidate else NO_RUN if not n else
@@ -184,10 +199,10 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                               rm_keep, opts.unparseable_penalty)
     # the sampled estimator's consistency reward R_it · S_itj, and the exact objectives'
     # verdict target (the scored step's rm_target): O_i, R_it or the env label L_it
-    targets = (_labels(group, "--rm-target label")
+    targets = (labels(group, "--rm-target label")
                if opts.rm_target == "label" and tests is None else rewards)
     verdict_targets = (targets if opts.rm_target != "outcome" else
-                       [[float(tr.outcome)] * len(tr.steps) for tr in trajs])
+                       [[o] * len(tr.steps) for o, tr in zip(outcome, trajs)])
     scored: list[Scored] = []
     policy_samples = rm_samples = 0
     for i, (tr, judgment) in enumerate(zip(trajs, judgments)):
@@ -212,7 +227,8 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                 rm_target=verdict_targets[i][t] if judged else None))
         scored.append(Scored(traj_id=tr.traj_id, task_id=tr.task_id, iteration=tr.iteration,
                              sample=tr.sample, outcome=tr.outcome, task_acc=acc, steps=steps,
-                             policy=tr.policy, extra=tr.extra))
+                             policy=tr.policy, extra=tr.extra if opts.outcome == "success"
+                             else {**tr.extra, "env_outcome": outcome[i]}))
 
     if opts.rm_balance and tests is None:
         scored = balanced(scored, targets)
@@ -226,7 +242,9 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
         rm_reason=rm_reason, policy_samples=policy_samples, rm_samples=rm_samples,
         **judge_stats([trajs[k] for k in idx], [judgments[k] for k in idx],
                       [step_scores[k] for k in idx]),
-        extra={"errored": len(trajs) - n, "ran": n} if n < len(trajs) else {})
+        extra={**({"errored": len(trajs) - n, "ran": n} if n < len(trajs) else {}),
+               **({"env_outcome_mean": statistics.fmean(outcome[k] for k in idx)}
+                  if opts.outcome != "success" and idx else {})})
     return scored, stats
 
 
@@ -253,10 +271,8 @@ def _advantages(rewards: list[list[float]], ran: list[bool], lone_step: str
 
 def _step_scores(group: list[tuple[str, Trajectory, Judgment | None]], opts: ScoreOptions
                  ) -> list[list[float]]:
-    """S̄_it of each step: the mean verdict, or the env's label with --step-scores label."""
-    if opts.step_scores == "label":
-        return _labels(group, "--step-scores label")
-    return [[_mean_score(j, t) for t in range(len(tr.steps))] for _, tr, j in group]
+    """S̄_it of each step: the mean verdict, or the env's label or step reward."""
+    return env_step_scores(group, opts.step_scores, _mean_score)
 
 
 def _policy_filter(candidate: bool, uniform: bool, separated: bool, uniform_tasks: str
@@ -271,27 +287,6 @@ def _policy_filter(candidate: bool, uniform: bool, separated: bool, uniform_task
     if uniform_tasks == "separated" and separated:
         return True, "uniform outcome, step rewards separate"
     return False, "uniform outcome"
-
-
-def _labels(group: list[tuple[str, Trajectory, Judgment | None]], why: str
-            ) -> list[list[float]]:
-    """--rm-target label / --step-scores label: each step's env label (+1 / -1), checked at
-    its line."""
-    out = []
-    for where, tr, _ in group:
-        row = []
-        for t, step in enumerate(tr.steps):
-            label = step.info.get("label")
-            if label not in (1, -1) and errored(tr):
-                label = 0  # the step the env failed on: not trained on, never labelled
-            elif label not in (1, -1):
-                raise RlanyError(f"{why}: step {t} of trajectory '{tr.traj_id}' "
-                                 f"has no env step label (info.label is {label!r})",
-                                 where=where, hint="use an env with step labels (household, "
-                                 "alfworld)")
-            row.append(float(label))
-        out.append(row)
-    return out
 
 
 def _mean_score(judgment: Judgment | None, t: int) -> float:
@@ -341,7 +336,7 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
                                 name=opts.judgments) if opts.judgments else None)
     counts = {"tasks": 0, "pool_tasks": 0, "candidate_tasks": 0, "trajectories": 0,
               "errored": 0, "policy_samples": 0, "rm_samples": 0}
-    acc_sum = agree_sum = 0.0
+    acc_sum = agree_sum = env_sum = 0.0
     agree_n = 0
     scoring = opts
     if opts.lam_gate == "agreement":  # a pre-pass over the input (stdin was spooled above)
@@ -368,11 +363,15 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
                 continue  # no episode ran: the task has no accuracy to average
             counts["pool_tasks"] += 1
             acc_sum += task_stats.acc
+            env_sum += task_stats.extra.get("env_outcome_mean", 0.0)
             if task_stats.judge_outcome_agreement is not None:
                 agree_sum += task_stats.judge_outcome_agreement
                 agree_n += 1
     counts["mean_acc"] = acc_sum / max(counts["pool_tasks"], 1)
     counts["judge_outcome_agreement"] = agree_sum / agree_n if agree_n else None
+    if opts.outcome != "success":  # the pool's mean O, as mean_acc is its share of successes
+        counts["env_outcome"] = {"source": opts.outcome,
+                                 "mean": env_sum / max(counts["pool_tasks"], 1)}
     inputs = [traj_reader] + ([judge_reader] if judge_reader else [])
     flags = {**asdict(opts), "stats": stats}
     for path in (opts.output, stats):
@@ -384,14 +383,17 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
          + (f"{counts['errored']} errored (in no acc, not trained on), "
             if counts["errored"] else "") +
          f"{counts['policy_samples']} policy samples, {counts['rm_samples']} reward-model "
-         f"samples{_gate_line(counts)} -> {opts.output} ({time.time() - started:.1f}s)")
+         f"samples{_tail(counts)} -> {opts.output} ({time.time() - started:.1f}s)")
     return counts
 
 
-def _gate_line(counts: dict) -> str:
+def _tail(counts: dict) -> str:
+    env = counts.get("env_outcome")
+    tail = f", mean outcome {env['mean']:.4g} (env {env['source']})" if env else ""
     gate = counts.get("lam_gate")
     if not gate:
-        return ""
+        return tail
     agreement = "-" if gate["agreement"] is None else f"{gate['agreement']:.3f}"
-    return (f", lambda {counts['lam']:.3f} (step scores agree with outcomes {agreement}, "
-            f"95% lower bound {gate['lower95']:.3f}, {gate['trajectories']} trajectories)")
+    return tail + (f", lambda {counts['lam']:.3f} (step scores agree with outcomes "
+                   f"{agreement}, 95% lower bound {gate['lower95']:.3f}, "
+                   f"{gate['trajectories']} trajectories)")
