@@ -43,8 +43,20 @@ def check_target(path: str | Path) -> None:
     """The rule every output obeys (the atomic writers, the resumable writer and the
     stages' output checks all call this): an output may be a new file or replace a regular
     file; a device, a FIFO, a socket or a directory at that path is never replaced (as
-    root, replacing `/dev/null` would break the machine). Symlinks are followed: a link to
-    a regular file is replaced by the new file, its target left as it was."""
+    root, replacing `/dev/null` would break the machine). Nor is a symbolic link (writing
+    renames a new file over the link itself, never through it: `/dev/stdout` is a link to
+    `/proc/self/fd/1`), nor a path that resolves into /proc or /dev."""
+    link = os.path.islink(path)
+    real = os.path.realpath(path)
+    system = str(path).startswith(("/proc/", "/dev/")) or real.startswith(("/proc/", "/dev/"))
+    if link and not system:
+        system = os.readlink(path).startswith(("/proc/", "/dev/"))
+    if link or system:
+        what = f"a symbolic link (to {real})" if link else "a /proc or /dev path"
+        raise RlanyError(f"output is {what}: rlany replaces a regular file by renaming a new "
+                         "one over it, which a link or /proc path would not survive",
+                         where=str(path), hint="write to stdout with -o - and redirect it "
+                         "there" if system else f"give the file itself: -o {real}")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:

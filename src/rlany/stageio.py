@@ -290,10 +290,6 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -
     for flag, p in outputs.items():
         if not p or p == "-":
             continue
-        try:
-            check_target(p)
-        except RlanyError as e:
-            raise UsageError(f"{flag} {p}: {e.message}", hint=e.hint) from None
         for path, label in ((p, flag), (meta_path(p), f"{flag}'s sidecar")):
             for key in keys(path):
                 if key in seen:
@@ -301,6 +297,10 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -
                                      "destroy that file; choose another output")
             for key in keys(path):
                 seen[key] = label
+        try:
+            check_target(p)
+        except RlanyError as e:
+            raise UsageError(f"{flag} {p}: {e.message}", hint=e.hint) from None
 
 
 def spool_input(path: str) -> tuple[str, str]:
