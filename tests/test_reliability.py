@@ -354,3 +354,20 @@ def test_sigterm_is_an_interrupt_locks_and_temps_cleaned_resumable(tmp_path):
     server.close()
     assert not lock.exists() and not list(tmp_path.glob(".*.tmp"))
     assert (tmp_path / "traj.jsonl.partial.idx").exists() and not out.exists()
+
+
+def test_an_output_through_a_link_or_into_proc_is_refused(tmp_path, cli):
+    """`-o /dev/stdout` (a link to /proc/self/fd/1) with stdout redirected to a file
+    replaced the link itself with a regular file; any symlink output would be replaced, not
+    written through. Refused in one line, nothing replaced."""
+    target = tmp_path / "target.jsonl"
+    target.write_text("kept\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    proc = tmp_path / "proc.jsonl"
+    proc.symlink_to("/proc/self/fd/1")
+    for out, hint in ((link, f"-o {target}"), (proc, "-o - and redirect")):
+        line = one_line(cli("envs", "make-tasks", "reasoning", "--n", "2", "-o", str(out)), 2)
+        assert "output is a symbolic link" in line and hint in line
+        assert out.is_symlink()
+    assert target.read_text() == "kept\n"
