@@ -1,7 +1,14 @@
 """Provenance: do two inputs come from the same run? A stage's inputs are checked against
 each other through their `.meta.json` sidecars (which input each was made from, by sha256)
 before anything is computed: judgments of another rollout, or stats scored with other
-judgments, are refused with one line naming the file."""
+judgments, are refused with one line naming the file.
+
+Records also carry their origin themselves, for when the sidecar is gone (a copy, a
+stream): a judgment the digest of the trajectory record it judged (`trajectory_sha256`,
+`trajectory_digest`, checked by `pairing.check_judgment`), and a record that says which
+task it answers the digest of that task (`task_sha256`, `task_digest`: id, env, spec and
+prompt), checked against the pool by `check_task_origin`. A record without them (hand-made,
+or older) is unknown and paired the old way: by id and the responses digest."""
 
 from __future__ import annotations
 
@@ -11,7 +18,10 @@ from pathlib import Path
 
 from rlany.errors import RlanyError
 from rlany.jsonl import JsonlReader, meta_path
-from rlany.records import Judgment
+from rlany.records import Judgment, Task, TaskStats, Trajectory, to_json
+
+TASK_SHA256 = "task_sha256"  # a column: the digest of the task a record answers
+TRAJECTORY_SHA256 = "trajectory_sha256"  # a judgment's column: the trajectory it judged
 
 
 def sidecar(path: str | Path) -> dict | None:
@@ -94,3 +104,74 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _digest(obj: object) -> str:
+    """sha256 of canonical JSON (keys sorted, UTF-8): the same record read from any copy,
+    reordered or re-serialized, has the same digest."""
+    data = json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+                      allow_nan=False)
+    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def task_digest(task: Task) -> str:
+    """The task a record answers, by content: its id, env, spec and prompt (not its lineage
+    or split, which adapt-tasks updates without changing the problem)."""
+    return _digest({"task_id": task.task_id, "env": task.env, "spec": task.spec,
+                    "prompt": task.prompt})
+
+
+def trajectory_digest(traj: Trajectory) -> str:
+    """The trajectory a judgment judged: its ids, every step (prompts, observations,
+    responses, actions, env info), outcome and finish, and `task_sha256` where rollout wrote
+    one. Not the policy's name or adapter path, nor token counts: the same episodes of two
+    run directories are judged alike."""
+    record = to_json(traj)
+    return _digest({**{k: record[k] for k in ("traj_id", "task_id", "iteration", "sample",
+                                              "steps", "outcome", "finish")},
+                    **task_origin(traj.extra)})
+
+
+def task_origin(extra: dict) -> dict:
+    """A record's `task_sha256` column, for the record made from it to carry ({} where it
+    has none): a trajectory's onto its judgment, a task group's onto its task stats."""
+    digest = extra.get(TASK_SHA256)
+    return {TASK_SHA256: digest} if isinstance(digest, str) else {}
+
+
+def judgment_origin(traj: Trajectory) -> dict:
+    """The columns a judgment of `traj` carries (its `extra`): the judged trajectory's
+    digest, and the digest of the task it answers where the trajectory has one."""
+    return {TRAJECTORY_SHA256: trajectory_digest(traj), **task_origin(traj.extra)}
+
+
+def check_task_origin(extra: dict, task: Task, where: str, what: str) -> None:
+    """A record (`what`: "task stats", "judgment", ...) that names the digest of the task
+    it answers must name this pool's task of that id; without one it is unknown (an older or
+    hand-made record) and is taken as before."""
+    recorded = extra.get(TASK_SHA256)
+    if recorded is None:
+        return
+    if not isinstance(recorded, str):
+        raise RlanyError(f"field '{TASK_SHA256}' must be a string", where=where)
+    if recorded != task_digest(task):
+        raise RlanyError(f"{what} of another task '{task.task_id}' than the pool's "
+                         f"({TASK_SHA256} {recorded[:12]}, the pool's task "
+                         f"{task_digest(task)[:12]}): from another pool with the same ids",
+                         where=where, hint="give the files of a rollout of this pool")
+
+
+def check_answers_pool(tasks: list[Task], stats: str, judgments: str | None,
+                       names: tuple[str, str | None]) -> None:
+    """adapt-tasks' stats and judgments answer this pool's tasks (or its pending ones): each
+    record of a known task id that carries `task_sha256` must name that task's digest, so
+    the files of another pool with the same ids are refused at their first line."""
+    pool = {t.task_id: t for t in tasks}
+    readers = [(JsonlReader(stats, TaskStats, "task stats", name=names[0]), "task stats")]
+    if judgments is not None:
+        readers.append((JsonlReader(judgments, Judgment, "judgments", allow_empty=True,
+                                    name=names[1]), "judgment"))
+    for reader, what in readers:
+        for where, record in reader:
+            if record.task_id in pool:
+                check_task_origin(record.extra, pool[record.task_id], where, what)

@@ -329,7 +329,7 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     from rlany import envs
     from rlany.console import info
     from rlany.outputs import atomic_outputs, write_meta
-    from rlany.provenance import sha256_file
+    from rlany.provenance import check_answers_pool, sha256_file
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,
@@ -356,6 +356,8 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     if opts.pending:
         pending_tasks, pending_reader = read_tasks(paths["--pending"], allow_empty=True,
                                                      name=opts.pending, check=check_candidate)
+    check_answers_pool(pool + pending_tasks, paths["--stats"], paths["--judgments"],
+                       (opts.stats, opts.judgments))
     stats = _read_stats(paths, opts, {t.task_id for t in pool + pending_tasks})
     inputs: list = [pool_reader, {"path": opts.stats, "sha256": sha256_file(paths["--stats"])}]
     if opts.pending:

@@ -32,6 +32,7 @@ from rlany.engines import Engine, NoModel, Request, Sampling, real_token_ids, st
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
 from rlany.prompts import VERDICT_MODES, generate_verdicts, parse_verdict, step_prompts
+from rlany.provenance import judgment_origin
 from rlany.records import (
     MODES,
     JudgeSample,
@@ -164,7 +165,8 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                 judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
                                           judge=judge_info, steps=[],
                                           skipped=skipped[traj.traj_id],
-                                          responses_sha256=responses_digest(traj.steps)))
+                                          responses_sha256=responses_digest(traj.steps),
+                                          extra=judgment_origin(traj)))
                 continue
             steps = []
             for k, messages in prompts[traj.traj_id]:
@@ -176,7 +178,8 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                 steps.append(StepJudgment(step=k, judge_messages=messages, samples=samples))
             judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
                                       judge=judge_info, steps=steps,
-                                      responses_sha256=responses_digest(traj.steps)))
+                                      responses_sha256=responses_digest(traj.steps),
+                                      extra=judgment_origin(traj)))
         yield judgments
 
 

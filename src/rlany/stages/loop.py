@@ -136,7 +136,11 @@ class Loop:
             yield from self.iteration(it)
 
     def _init_run_dir(self) -> None:
+        """Echo the resolved config into config.json, once it is checked against what the
+        run directory holds (`rlany.stages.loop_resume`): the echo of a started run, and
+        the options every finished stage recorded, whether or not config.json survives."""
         from rlany.outputs import write_text_atomic
+        from rlany.stages.loop_resume import check_echo, check_finished
 
         config = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "path"}
         resolved = json.dumps(config, indent=2, sort_keys=True) + "\n"
@@ -145,17 +149,8 @@ class Loop:
             (self.dir / name).exists()
             for name in ("eval_base.json", "warm_start", "judge_warm_start"))
         if echo.exists() and echo.read_text() != resolved and started:
-            # a key added to the config format since the run started counts at its default
-            old = json.loads(echo.read_text())
-            defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)
-                        if f.default is not dataclasses.MISSING}
-            # and `iterations` may be raised: the run continues to the new count
-            more = self.cfg.iterations >= old.get("iterations", self.cfg.iterations)
-            if {**{k: defaults[k] for k in config.keys() - old.keys() if k in defaults},
-                    **old, **({"iterations": self.cfg.iterations} if more else {})} != config:
-                raise RlanyError("this run directory was started with a different config",
-                                 where=str(echo), hint="use a new name, or restore the "
-                                 "config (only iterations may be raised)")
+            check_echo(echo, config, self.cfg.iterations)
+        check_finished(self)
         write_text_atomic(echo, resolved)
 
     def iteration(self, it: int) -> Iterator[tuple[Stage, Path, int, dict]]:

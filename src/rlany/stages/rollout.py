@@ -286,13 +286,16 @@ def _window(messages: list[dict], turns: int | None) -> list[dict]:
 
 
 def _trajectory(e: _Episode, opts: RolloutOptions, policy: dict) -> Trajectory:
+    from rlany.provenance import TASK_SHA256, task_digest
+
     finish = e.finish or "max_steps"
     return Trajectory(traj_id=traj_id(e.task.task_id, opts.iteration, e.sample),
                       task_id=e.task.task_id, iteration=opts.iteration, sample=e.sample,
                       steps=e.steps, outcome=1 if e.success else -1, finish=finish,
                       policy=policy, prompt_tokens=e.prompt_tokens,
                       completion_tokens=e.completion_tokens,
-                      extra={**({"error": e.error} if e.error else {}),
+                      extra={TASK_SHA256: task_digest(e.task),
+                             **({"error": e.error} if e.error else {}),
                              # a candidate task's rollouts decide its acceptance; score
                              # trains on none of them until it is accepted into the pool
                              **({"candidate": True} if "candidate" in e.task.extra else {})})

@@ -76,7 +76,7 @@ from rlany.stages.env_reward import OUTCOMES, STEP_SCORES, labels, outcomes
 from rlany.stages.env_reward import step_scores as env_step_scores
 from rlany.stages.episode_errors import errored
 from rlany.stages.lam_gate import gated_lambda, judge_stats
-from rlany.stages.pairing import groups, paired
+from rlany.stages.pairing import group_origin, groups, paired
 from rlany.stages.rm_balance import balanced
 from rlany.stages.unit_tests import unit_test_rewards
 
@@ -242,7 +242,8 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
         rm_reason=rm_reason, policy_samples=policy_samples, rm_samples=rm_samples,
         **judge_stats([trajs[k] for k in idx], [judgments[k] for k in idx],
                       [step_scores[k] for k in idx]),
-        extra={**({"errored": len(trajs) - n, "ran": n} if n < len(trajs) else {}),
+        extra={**group_origin(trajs),
+               **({"errored": len(trajs) - n, "ran": n} if n < len(trajs) else {}),
                **({"env_outcome_mean": statistics.fmean(outcome[k] for k in idx)}
                   if opts.outcome != "success" and idx else {})})
     return scored, stats

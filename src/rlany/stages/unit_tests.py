@@ -13,6 +13,7 @@ from dataclasses import replace
 from rlany.engines import Engine, Request, Sampling, stable_seed
 from rlany.errors import RlanyError
 from rlany.prompts import parse_unit_test, unit_test_messages
+from rlany.provenance import judgment_origin
 from rlany.records import (
     JudgeSample,
     Judgment,
@@ -69,7 +70,8 @@ def unit_test_batch(batch: list[list[Trajectory]], engine: Engine, sampling: Sam
                 steps.append(StepJudgment(step=0, judge_messages=messages, samples=samples))
             judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
                                       judge=judge_info, steps=steps, mode="unit-tests",
-                                      responses_sha256=responses_digest(traj.steps)))
+                                      responses_sha256=responses_digest(traj.steps),
+                                      extra=judgment_origin(traj)))
         yield judgments
 
 

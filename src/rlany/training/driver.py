@@ -104,12 +104,14 @@ def _check_adapters_fit(opts: TrainFields, base: str) -> None:
 
 
 def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
-    """Read the input once before any model loads: at least one sample, every one with a
-    prompt, no negative token id. Returns the highest recorded token id and where it is."""
+    """Read the input once before any model loads: each record once (`samples.once`), at
+    least one sample, every one with a prompt, no negative token id. Returns the highest
+    recorded token id and where it is."""
     from rlany.jsonl import JsonlReader
+    from rlany.training.samples import once
 
     kept, low, high = 0, None, None  # (token id, where): the extreme recorded token ids
-    for where, record in JsonlReader(path, *plan.records, name=opts.input):
+    for where, record in once(JsonlReader(path, *plan.records, name=opts.input)):
         for sample in plan.extract([record]):
             kept += 1
             if not sample.messages:

@@ -8,16 +8,21 @@ tokenizer's chat template (`rlany.chat.render`, as at generation); the response 
 **sampled token ids** of the record (older records without ids fall back to tokenizing the
 text; both are counted). EOS closes a response only where generation ended (policy: not
 `truncated`; judge: finish_reason not "length") and the sampled ids do not already end with
-it. A sample longer than `max_len` is dropped whole.
+it. A sample longer than `max_len` is dropped whole. A record is trained on once: an input
+that repeats a trajectory id, or a scored record that repeats a step, is refused
+(`once`), naming both lines.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
+from rlany.errors import RlanyError
 from rlany.records import Scored, Trajectory
+
+R = TypeVar("R", Scored, Trajectory)
 
 
 @dataclass
@@ -44,6 +49,26 @@ class RawSample(NamedTuple):
     ended: bool  # generation ended (EOS or a stop): an EOS closes the response
     token_ids: list[int] | None = None  # the sampled response ids, where recorded
     logprobs: list[float] | None = None  # the engine's log-probs of token_ids
+
+
+def once(records: Iterable[tuple[str, R]]) -> Iterator[tuple[str, R]]:
+    """The records of a trainer's input, each trajectory once: an id seen before (a line
+    repeated, two files concatenated) would be trained on twice, so it is refused, naming
+    the line before; so is a scored record that holds one step index twice."""
+    first: dict[str, str] = {}
+    for where, record in records:
+        if record.traj_id in first:
+            raise RlanyError(f"duplicate trajectory '{record.traj_id}', first at "
+                             f"{first[record.traj_id]}: it would be trained on twice",
+                             where=where, hint="give each trajectory once")
+        first[record.traj_id] = where
+        if isinstance(record, Scored):
+            steps = [s.step for s in record.steps]
+            again = next((t for k, t in enumerate(steps) if t in steps[:k]), None)
+            if again is not None:
+                raise RlanyError(f"trajectory '{record.traj_id}' holds step {again} twice: it "
+                                 "would be trained on twice", where=where)
+        yield where, record
 
 
 def policy_samples(scored: Iterable[Scored]) -> Iterator[RawSample]:
