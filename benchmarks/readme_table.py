@@ -102,7 +102,14 @@ def _demo(r: dict) -> str:
                                           else ""))
 
 
-FORMAT = {"demo": _demo, "shared_prefix": _shared_prefix, "hf_generate": _hf_generate,
+def _suite(r: dict) -> str:
+    c = r.get("counts", {})
+    return (f"{r['minutes']} min: {c.get('passed', 0)} passed, {c.get('failed', 0)} failed, "
+            f"{c.get('skipped', 0)} skipped (2 workers, 1 torch thread each)")
+
+
+FORMAT = {"demo": _demo, "suite": _suite, "shared_prefix": _shared_prefix,
+          "hf_generate": _hf_generate,
           "prompt_prefix": _prompt_prefix,
           "score": _score,
           "training": _training,

@@ -13,8 +13,8 @@ interval on the difference of the acceptance rates.
     python research/edit_choice.py --from runs/learning-adapt-mid/adapt-s0/iter_000 \
         --config examples/household/mid.toml --out runs/edit-choice
 
-Writes research/results/edit-choice.json. CPU cost: one rollout of 2 x (targets) x n
-episodes; run it alone on the machine.
+Writes research/results/edit-choice.json (with the machine). CPU cost: one rollout of
+2 x (targets) x n episodes; run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).parent))
+from lab import save  # noqa: E402
+
 ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -116,8 +118,7 @@ def main() -> None:
               "edits_minus_random": {"value": round((k["edits"] - k["random"]) / max(n, 1), 4),
                                      "ci95": gain_interval(k["edits"], n, k["random"], n)},
               "rows": paired, "n_episodes": args.n}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "edit-choice.json").write_text(json.dumps(result, indent=2) + "\n")
+    save("edit-choice", result)  # with the machine it ran on (research/lab.py)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
 
 

@@ -54,6 +54,8 @@ def test_printed_command_round_trips_through_the_cli(table, monkeypatch):
     if table in ("score", "adapt_tasks"):  # 0 <= low <= high <= 1
         values.update(rm_acc_min=0.1, rm_acc_max=0.9) if table == "score" else \
             values.update(alpha_low=0.1, alpha_high=0.9)
+    if table == "score":  # --lam-gate agreement measures against success outcomes only
+        values.update(lam_gate="none")
     if "kl_ref" in values:  # a fixed KL reference is LoRA's: --full stays off
         values.update(full=False)
     values.update({k: f"/tmp/{k}.jsonl" for k, (h, _d, s) in specs(cls).items()
