@@ -228,16 +228,18 @@ def reuse_base_eval(opts: Any, key: dict) -> tuple[Path | None, str | None]:
     return src, None
 
 
-def _record(output: str, key: dict | None) -> None:
-    """Before this run's own evaluation: what it is made from (none: never shared)."""
+def write_record(path: Path, key: dict | None) -> None:
+    """A content record at `path`: what an evaluation or a warm start is made from (None:
+    none, so it is never shared). Unwritable: unrecorded, so never shared; the stage itself
+    reports a directory's faults."""
     from rlany.outputs import write_text_atomic
 
     try:
         if key is None:
-            content_path(output).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         else:
-            write_text_atomic(content_path(output), json.dumps(key, indent=2) + "\n")
-    except OSError:  # unrecorded: never shared; the evaluation reports a directory's faults
+            write_text_atomic(path, json.dumps(key, indent=2) + "\n")
+    except OSError:
         pass
 
 
@@ -263,5 +265,5 @@ def eval_done(opts: Any) -> Path:
         why = ""  # nothing beside it to share: nothing to say
     if why:
         info(f"loop: {what} evaluation not shared: {why}")
-    _record(str(out), key)
+    write_record(content_path(out), key)  # before this run's own evaluation
     return meta_path(out)

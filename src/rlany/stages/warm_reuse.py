@@ -143,15 +143,9 @@ def _differs(theirs: dict | None, ours: dict) -> str:
 
 def _record(warm: Path, key: dict | None) -> None:
     """What this run's own warm start is made from (none: never shared)."""
-    from rlany.outputs import write_text_atomic
+    from rlany.stages.eval_reuse import write_record
 
-    try:
-        if key is None:
-            content_path(warm).unlink(missing_ok=True)
-        else:
-            write_text_atomic(content_path(warm), json.dumps(key, indent=2) + "\n")
-    except OSError:  # unrecorded: never shared; the stages report a directory's faults
-        pass
+    write_record(content_path(warm), key)
 
 
 def _still(warm: Path, key: dict | None) -> None:
