@@ -7,7 +7,8 @@ iteration.
 
 Kept per run: its config, base/init evaluations and metrics; per finished iteration (one
 with done.json) its small files (pool, stats, candidates, decisions, evaluation, sidecars,
-skip and prune markers) and its policy/rm checkpoints where keep_last kept them. Left out:
+skip and prune markers), and the newest policy/rm checkpoint (the loop reads no older one
+once a newer exists). Left out:
 trajectories, judgments and scored steps (the bulk: only on-plan shares and judge views
 read them), and an unfinished iteration (it reruns from its start).
 
@@ -29,14 +30,17 @@ BIG = ("trajectories", "judgments", "scored", "rm_input", "rollout_tasks")
 
 
 def members(run: Path) -> list[Path]:
-    """The files of one run directory to carry (see the module docstring)."""
+    """The files of one run directory to carry (see the module docstring): of the
+    checkpoints, only each kind's newest (the one the next iteration starts from)."""
     out = [p for p in run.iterdir() if p.is_file() and not p.name.startswith(".")]
-    for it in sorted(run.glob("iter_*")):
-        if not (it / "done.json").exists():
-            continue  # unfinished: it reruns from its start
+    finished = [it for it in sorted(run.glob("iter_*")) if (it / "done.json").exists()]
+    newest = {kind: next((it / kind for it in reversed(finished)
+                          if (it / kind / "rlany.json").exists()), None)
+              for kind in ("policy", "rm")}
+    for it in finished:  # an unfinished iteration reruns from its start
         for p in it.iterdir():
             keep = (p.name in SMALL or p.name.endswith((".skipped.json", ".pruned"))
-                    or (p.is_dir() and (p / "rlany.json").exists()))
+                    or p in newest.values())
             if keep and not p.name.startswith(BIG):
                 out += [f for f in ([p] if p.is_file() else sorted(p.rglob("*")))
                         if f.is_file()]
