@@ -19,12 +19,16 @@ PROBE = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "logprobs": [-1.0, -2.
          "base_logprobs": [-3.0, -4.0]}
 
 
+SERIAL = threading.Lock()  # Stub keeps its record on its class: one request at a time
+
+
 def _serve(echo: list):
     handler = type("One", (Stub,), {"seen": [], "echo_logprobs": echo})
 
-    def do_post(self):  # Stub keeps its record on the class: this server's own
-        Stub.seen, Stub.echo_logprobs = handler.seen, handler.echo_logprobs
-        Stub.do_POST(self)
+    def do_post(self):  # this server's own record, swapped in under the lock
+        with SERIAL:
+            Stub.seen, Stub.echo_logprobs = handler.seen, handler.echo_logprobs
+            Stub.do_POST(self)
 
     handler.do_POST = do_post
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
