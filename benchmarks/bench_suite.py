@@ -39,7 +39,10 @@ def main() -> dict:
               "returncode": done.returncode, "pytest_args": ARGS, "omp_num_threads": 1,
               "isa_switches": switches}
     path = save(f"suite-{setting}", result)
-    print(f"{tail}\n{result['minutes']} min -> {path}")
+    # the speed table shows this file: regenerated with it, so the two never disagree
+    subprocess.run([sys.executable, str(Path(__file__).parent / "readme_table.py")],
+                   check=True, capture_output=True)
+    print(f"{tail}\n{result['minutes']} min -> {path} (and benchmarks/README.md's table)")
     return result
 
 
