@@ -83,3 +83,19 @@ def write_readme_block(block: str, text: str, readme: Path = BENCH_README) -> No
         raise SystemExit(f"{readme} has no {begin} ... {end} block")
     head, rest = doc.split(begin, 1)
     readme.write_text(head + begin + "\n" + text + rest[rest.index(end):])
+
+
+def cpu_label(machine: dict | None) -> str:
+    """A record's CPU setting from its `machine` (common.machine()): torch's capability
+    against the CPU's flags, so AVX2 kernels forced on an AVX-512 CPU (common.ISA_SWITCHES)
+    read "AVX2 forced"; "AVX-512+bf16" where `auto` trains in bf16. Both the speed table
+    (readme_table.py) and research's learning tables (through research/lab.py) use it."""
+    prof = (machine or {}).get("profile") or {}
+    if prof.get("cuda"):
+        return str(prof["cuda"].get("name", "CUDA"))
+    cap, flags = prof.get("cpu_capability") or "", set(prof.get("cpu_flags") or ())
+    if cap.startswith("AVX512"):
+        return "AVX-512+bf16" if prof.get("cpu_bf16") else "AVX-512"
+    if cap == "AVX2":
+        return "AVX2 forced" if "avx512f" in flags else "AVX2"
+    return cap or "unknown"

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, write_readme_block  # noqa: E402
+from common import RESULTS, cpu_label, write_readme_block  # noqa: E402
 
 
 def _training(r: dict) -> str:
@@ -116,23 +116,6 @@ FORMAT = {"demo": _demo, "suite": _suite, "shared_prefix": _shared_prefix,
           "trl": _trl, "memory": _memory,
           "engines": _engines, "sandbox": _sandbox, "generation": _generation,
           "bench_loop": _loop}
-
-
-def cpu_label(machine: dict | None) -> str:
-    """A record's CPU setting from its `machine` (common.machine()): torch's capability
-    against the CPU's flags, so AVX2 kernels forced on an AVX-512 CPU (common.ISA_SWITCHES)
-    read "AVX2 forced"; "AVX-512+bf16" where `auto` trains in bf16. research/
-    learning_summary.py holds a copy (research reaches benchmarks/ only for
-    benchmarks.common); tests/test_number_sources.py keeps the two equal."""
-    prof = (machine or {}).get("profile") or {}
-    if prof.get("cuda"):
-        return str(prof["cuda"].get("name", "CUDA"))
-    cap, flags = prof.get("cpu_capability") or "", set(prof.get("cpu_flags") or ())
-    if cap.startswith("AVX512"):
-        return "AVX-512+bf16" if prof.get("cpu_bf16") else "AVX-512"
-    if cap == "AVX2":
-        return "AVX2 forced" if "avx512f" in flags else "AVX2"
-    return cap or "unknown"
 
 
 def row(r: dict) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository root: `benchmarks.common` below
 from benchmarks import common as _bench  # noqa: E402
-from benchmarks.common import boot_id, check_name, machine  # noqa: E402, F401 (re-exported)
+from benchmarks.common import boot_id, check_name, cpu_label, machine  # noqa: E402, F401
 
 RESULTS = Path(os.environ.get("RLANY_RESEARCH_DIR", "research/results"))
 README = Path(__file__).parent / "README.md"  # the generated tables live here

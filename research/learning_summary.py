@@ -10,6 +10,8 @@ from dataclasses import replace
 from itertools import zip_longest
 from pathlib import Path
 
+from lab import cpu_label  # benchmarks.common's: one home for both tables' CPU column
+
 from rlany.stages.eval import on_plan_share
 from rlany.stats import gain_interval, t_interval, wilson_interval
 
@@ -216,20 +218,6 @@ def arm_summary(runs: list[dict]) -> dict:
                                       for r in runs for sec in r["stage_seconds"] if sec),
             "stage_seconds": {k: mean(sec.get(k) for r in runs for sec in r["stage_seconds"]
                                       if sec) for k in STAGE_ORDER}}
-
-
-def cpu_label(machine: dict | None) -> str:
-    """A record's CPU setting from its `machine` (AVX2 kernels on an AVX-512 CPU: "AVX2
-    forced"); a copy of benchmarks/readme_table.py's, kept equal by test_number_sources.py."""
-    prof = (machine or {}).get("profile") or {}
-    if prof.get("cuda"):
-        return str(prof["cuda"].get("name", "CUDA"))
-    cap, flags = prof.get("cpu_capability") or "", set(prof.get("cpu_flags") or ())
-    if cap.startswith("AVX512"):
-        return "AVX-512+bf16" if prof.get("cpu_bf16") else "AVX-512"
-    if cap == "AVX2":
-        return "AVX2 forced" if "avx512f" in flags else "AVX2"
-    return cap or "unknown"
 
 
 def runs_on(runs: list[dict]) -> list[dict]:
