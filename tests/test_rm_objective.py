@@ -204,3 +204,30 @@ def test_auto_objective_is_logloss_for_bare_verdicts_and_pg_for_reasoning(tmp_pa
     old = [Scored(**{**t.__dict__, "steps": [ScoredStep(**{
         **t.steps[0].__dict__, "rm_target": None})]}) for t in toy]
     assert _auto_objective(write_jsonl(tmp_path / "o.jsonl", old), "o") == "pg"
+
+
+def test_one_balance_for_score_and_train_rm():
+    """`score --rm-balance` and train-rm's verdict weights are one function (rlany.stats):
+    a target of 0 keeps weight 1 and does not count on either side."""
+    from rlany.stats import side_weights
+
+    assert side_weights([1.0, 0.0, -1.0, -2.0]) == [1.5, 1.0, 0.75, 0.75]
+    assert class_weights([1.0, 0.0, -1.0, -2.0], True) == side_weights([1.0, 0.0, -1.0, -2.0])
+    assert side_weights([0.0, 2.0]) == [1.0, 1.0]
+
+
+def test_objectives_are_objects_the_trainer_asks():
+    """The trainer never branches on a name: every objective says what its forward returns
+    and owns its loss; train-rm's exact objectives are the ones over choices."""
+    from rlany.errors import RlanyError
+    from rlany.training.objectives import OBJECTIVES, objective
+    from rlany.training.verdict import OBJECTIVES as VERDICT
+
+    assert VERDICT == ("expected", "logloss")
+    assert [n for n, o in OBJECTIVES.items() if o.clips] == ["ppo"]
+    with pytest.raises(RlanyError, match="unknown training objective"):
+        objective("dpo")
+    from pathlib import Path
+
+    src = (Path(__file__).parents[1] / "src/rlany/training/trainer.py").read_text()
+    assert "objective ==" not in src and "objective in" not in src

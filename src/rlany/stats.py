@@ -1,6 +1,7 @@
 """The statistics every layer reports with, in one base module (no stage imports): success
-intervals, the interval of a gain, pass@k, a judge's balanced accuracy and the spread over
-seeds. Stages, `rlany report` and research import them from here."""
+intervals, the interval of a gain, pass@k, a judge's balanced accuracy, the spread over
+seeds and the weights that balance two classes. Stages, `rlany report` and research import
+them from here."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ def gain_interval(k1: int, n1: int, k0: int, n0: int) -> list[float] | None:
     d = p1 - p0
     return [round(d - sqrt((p1 - lo1) ** 2 + (hi0 - p0) ** 2), 4),
             round(d + sqrt((hi1 - p1) ** 2 + (p0 - lo0) ** 2), 4)]
+
+
+def side_weights(targets: list[float]) -> list[float]:
+    """Class weights that make the two sides of 0 weigh the same: k / (2 k_side) for the k
+    nonzero targets, k_side of them on the target's side (each side weighs k / 2 in total; a
+    lone one among many can weigh several times one); 1 for a target of 0 and for all where
+    the nonzero ones lie on one side. `train-rm`'s verdict samples and `score --rm-balance`."""
+    k, k_pos = sum(t != 0 for t in targets), sum(t > 0 for t in targets)
+    if k_pos in (0, k):
+        return [1.0] * len(targets)
+    return [k / (2 * k_pos) if t > 0 else k / (2 * (k - k_pos)) if t < 0 else 1.0
+            for t in targets]
 
 
 def balanced_accuracy(by_label: dict[int, list[int]]) -> float | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rlany.records import Scored
+from rlany.stats import side_weights
 
 
 def balanced(scored: list[Scored], targets: list[list[float]]) -> list[Scored]:
@@ -17,16 +18,15 @@ def balanced(scored: list[Scored], targets: list[list[float]]) -> list[Scored]:
     unparseable verdict beside agreeing ones) keeps weight 1, and a task with kept steps on
     one side only is unchanged. Per task, like the standardization: a task's rollouts are
     one group."""
-    sides = [target > 0 for tr, row in zip(scored, targets)
-             for step, target in zip(tr.steps, row)
-             if target != 0 and any(j.keep for j in step.judge)]
-    k, k_pos = len(sides), sum(sides)
-    if k_pos in (0, k):
-        return scored
-    weight = {1: k / (2 * k_pos), -1: k / (2 * (k - k_pos)), 0: 1.0}
-
     def sign(r: float) -> int:
         return (r > 0) - (r < 0)
+
+    kept = [target for tr, row in zip(scored, targets) for step, target in zip(tr.steps, row)
+            if target != 0 and any(j.keep for j in step.judge)]
+    weight = {sign(t): w for t, w in zip(kept, side_weights(kept))}
+    if len(weight) < 2:  # kept steps on one side only (or none)
+        return scored
+    weight[0] = 1.0
     return [replace(tr, steps=[replace(step, judge=[
         replace(j, advantage=j.advantage * weight[sign(target)]) for j in step.judge])
         for step, target in zip(tr.steps, row)]) for tr, row in zip(scored, targets)]

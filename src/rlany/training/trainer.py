@@ -1,8 +1,9 @@
 """The one training loop behind `train-policy`, `train-rm` and `sft` (no Trainer subclass).
 
 A sample (`rlany.training.samples`: prompt token ids -> response token ids, advantage) is
-trained with `objective` "ppo" (train-policy, train-rm's pg), "nll" (sft: the token mean
-negative log-likelihood, no pre-update policy) or a verdict objective (`rlany.training.verdict`).
+trained with one of `rlany.training.objectives`: "ppo" (train-policy, train-rm's pg), "nll"
+(sft) or a verdict objective (train-rm's expected / logloss); the object says what the forward
+returns and turns a micro-batch into a loss.
 
 The update (DESIGN §4, `rlany.training.losses`): PPO's pre-update log-probs are the sampling
 engine's own with `old_logprobs` "generation" (or "auto" when every sample has them: the
@@ -41,13 +42,11 @@ from typing import TYPE_CHECKING
 
 from rlany.errors import RlanyError
 from rlany.training.fields import lr_at
+from rlany.training.objectives import MicroBatch, Objective, objective as objective_named
 from rlany.training.samples import Sample
-from rlany.training.verdict import OBJECTIVES as VERDICT_OBJECTIVES
 
 if TYPE_CHECKING:  # the options (flags, loop keys, defaults) are defined once, there
-    from rlany.training.fields import PpoFields, TrainFields
-
-OBJECTIVES = ("ppo", "nll", *VERDICT_OBJECTIVES)
+    from rlany.training.fields import TrainFields
 
 
 def plan_steps(samples: list[Sample], opts: TrainFields, world: int) -> list[list[int]]:
@@ -136,10 +135,7 @@ def collate(batch: list[Sample], pad_id: int):
 def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Path,
           meta: dict, log: Callable[[dict], None], objective: str = "ppo") -> dict:
     """Run the update and write the checkpoint to `output`. Returns summary metrics.
-    `objective`: "ppo" (clip against the pre-update log-probs), "nll" (supervised: the
-    token mean negative log-likelihood of each response, weighted by its advantage), or a
-    verdict objective, "expected" / "logloss" (`rlany.training.verdict`: the choice distribution at
-    the prompt's end against each sample's target, weighted by its advantage)."""
+    `objective`: a name in `rlany.training.objectives.OBJECTIVES`."""
     import torch
     from accelerate import Accelerator
 
@@ -153,15 +149,14 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     torch.manual_seed(opts.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = plan_steps(samples, opts, acc.num_processes)
-    if objective not in OBJECTIVES:
-        raise RlanyError(f"unknown training objective {objective!r}")
+    obj = objective_named(objective)
     source = (old_logprobs_source(samples, getattr(opts, "old_logprobs", "auto"))
-              if objective == "ppo" else None)
+              if obj.clips else None)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
     model, optimizer = acc.prepare(model, optimizer)
     state.save_trainable_only(acc, model)
-    forward, share = _forward_pass(acc, model, opts, meta, objective, pad)
+    forward, share = _forward_pass(acc, model, opts, meta, obj, pad)
 
     partial = output.with_name(output.name + ".partial")
     plan = state.plan_key(samples, steps)
@@ -171,7 +166,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
                      first_step_later=start_step == 0)
     # the KL's reference where a KL is computed (PPO, kl_beta > 0): pre-update or a fixed one
     kl_ref = (getattr(opts, "kl_ref", "pre-update")
-              if objective == "ppo" and opts.kl_beta > 0 else None)
+              if obj.clips and opts.kl_beta > 0 else None)
     ref = reference(kl_ref or "pre-update", forward, model, samples, steps, acc,
                     opts.micro_batch)
     if start_step:
@@ -186,7 +181,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     for step in range(start_step, len(steps)):
         t0 = time.perf_counter()
         numbers = _optimizer_step(acc, model, params, forward, samples,
-                                  steps[step], old, opts, objective, ref)
+                                  steps[step], old, opts, obj, ref)
         _check_finite(numbers, step, output)
         lr = lr_at(opts.lr, opts.lr_schedule, step, len(steps))
         for group in optimizer.param_groups:
@@ -210,8 +205,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     return summary
 
 
-def _forward_pass(acc, model, opts: TrainFields, meta: dict, objective: str, pad: int):
-    """(forward, share): the prepared model's forward of a micro-batch for `objective`, and
+def _forward_pass(acc, model, opts: TrainFields, meta: dict, obj: Objective, pad: int):
+    """(forward, share): the prepared model's forward of a micro-batch for `obj`, and
     whether it runs each shared prompt prefix once. Records the autocast, device and package
     versions in `meta`."""
     import torch
@@ -241,7 +236,7 @@ def _forward_pass(acc, model, opts: TrainFields, meta: dict, objective: str, pad
             return _forward(batch)
 
     def _forward(batch: list[Sample]):
-        if objective in VERDICT_OBJECTIVES:  # log q(choice | prompt), (B, C)
+        if obj.choices:  # log q(choice | prompt), (B, C)
             return choice_logprobs(model, [s.prompt_ids for s in batch],
                                    batch[0].choice_ids, pad, acc.device, share,
                                    one_pass=acc.num_processes > 1)
@@ -304,38 +299,12 @@ def response_logprobs(model, batch, device, keep: bool = True):
     return token_logprobs(logits, ids[:, start:]), resp[:, start:], adv
 
 
-def _ppo_parts(logp, resp, adv, idx: list, old: dict, opts: PpoFields, normalizer: float,
-               ref: dict):
-    """PPO-clip of one micro-batch against the pre-update log-probs (`old`, filled here for
-    a first-step sample: the current weights are the old ones), the KL against `ref`'s
-    log-probs (a fixed reference's) or, where `ref` is empty, against `old`'s."""
-    import torch
-
-    from rlany.training.losses import ppo_clip_loss
-
-    old_logp = torch.zeros_like(logp)  # (B, T-1)
-    ref_logp = torch.zeros_like(logp) if ref else old_logp
-    for row, i in enumerate(idx):
-        if i is None:
-            continue
-        if i not in old:
-            old[i] = logp[row][resp[row]].detach().cpu()
-        old_logp[row][resp[row]] = old[i].to(logp.device, logp.dtype)
-        if ref:
-            ref_logp[row][resp[row]] = ref[i].to(logp.device, logp.dtype)
-    return ppo_clip_loss(logp, old_logp, ref_logp, adv, resp, clip_eps=opts.clip_eps,
-                         kl_beta=opts.kl_beta, normalizer=normalizer)
-
-
 def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: list[int],
-                    old: dict, opts: TrainFields, objective: str = "ppo",
+                    old: dict, opts: TrainFields, obj: Objective,
                     ref: dict | None = None) -> dict:
     """Forward and backward over this process's micro-batches of one optimizer step, then
     the gradient clip. Returns the step's numbers over all processes (the caller steps)."""
     import torch
-
-    from rlany.training.losses import nll_loss
-    from rlany.training.verdict import verdict_loss
 
     world = acc.num_processes
     batches = micro_batches(group, samples, acc.process_index, world, opts.micro_batch)
@@ -346,25 +315,8 @@ def _optimizer_step(acc, model, params, forward, samples: list[Sample], group: l
         acc.sync_gradients = last  # DeepSpeed steps its engine at the boundary only
         with nullcontext() if last else acc.no_sync(model):
             batch = [samples[shortest if i is None else i] for i in idx]
-            if objective in VERDICT_OBJECTIVES:
-                real = torch.tensor([float(i is not None) for i in idx])
-                parts = verdict_loss(
-                    forward(batch), torch.tensor(batch[0].choice_values),
-                    torch.tensor([s.target for s in batch]),
-                    torch.tensor([s.advantage for s in batch]) * real,
-                    objective=objective, normalizer=len(group) / world)
-                acc.backward(parts.loss)
-                sums += torch.tensor([parts.objective, parts.pg, parts.kl, parts.clipped,
-                                      parts.tokens], dtype=torch.float64)
-                continue
-            logp, resp, adv = forward(batch)
-            real = torch.tensor([i is not None for i in idx], device=resp.device)
-            resp = resp & real[:, None]  # (B, T-1): padding rows have no response token
-            if objective == "nll":
-                parts = nll_loss(logp, adv, resp, normalizer=len(group) / world)
-            else:
-                parts = _ppo_parts(logp, resp, adv, idx, old, opts, len(group) / world,
-                                   ref or {})
+            parts = obj.loss(forward(batch), MicroBatch(batch, idx, old, ref or {}, opts,
+                                                        len(group) / world))
             acc.backward(parts.loss)
         sums += torch.tensor([parts.objective, parts.pg, parts.kl, parts.clipped,
                               parts.tokens], dtype=torch.float64)

@@ -50,8 +50,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from rlany.errors import RlanyError
+from rlany.stats import side_weights
+from rlany.training.objectives import OBJECTIVES as _ALL
 
-OBJECTIVES = ("expected", "logloss")
+OBJECTIVES = tuple(name for name, o in _ALL.items() if o.choices)  # train-rm's exact ones
 
 
 @dataclass(frozen=True)
@@ -126,12 +128,8 @@ def tokenize_verdicts(tokenizer, raw: Iterable[RawVerdict], max_len: int, balanc
 
 
 def class_weights(targets: list[float], balance: bool) -> list[float]:
-    """w per sample: k / (2 k_side) for k samples, k_side of them on the sample's side of 0
-    (each side weighs k / 2 in total); 1 for all without `balance` or with one side only."""
-    k, k_pos = len(targets), sum(t > 0 for t in targets)
-    if not balance or k_pos in (0, k):
-        return [1.0] * k
-    return [k / (2 * k_pos) if t > 0 else k / (2 * (k - k_pos)) for t in targets]
+    """w per sample: `rlany.stats.side_weights` with `balance`, else 1 for all."""
+    return side_weights(targets) if balance else [1.0] * len(targets)
 
 
 def choice_logprobs(model, prompts: list[list[int]], tokens: list[int], pad_id: int, device,
