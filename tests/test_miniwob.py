@@ -20,9 +20,9 @@ from rlany.records import Task, to_json
 
 miniwob = pytest.importorskip("miniwob", reason="needs the miniwob package: pip install "
                               "'rlany[gui]'")
-from rlany.envs import miniwob_page as page  # noqa: E402
 from rlany.envs.browser import MARK, Browser, browser  # noqa: E402
 from rlany.envs.miniwob import MiniwobEnv, make_tasks  # noqa: E402
+from rlany.envs.miniwob_expert import PLANS  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 needs_chromium = pytest.mark.skipif(
@@ -50,9 +50,9 @@ def play_expert(env: MiniwobEnv, t: Task) -> list:
 def test_expert_solves_the_page_and_labels_its_steps(name, tmp_path, monkeypatch):
     monkeypatch.setenv("RLANY_CACHE", str(tmp_path))
     results = play_expert(MiniwobEnv(), task(name))
-    assert results[-1].success and len(results) == page.PLANS[name][0]
+    assert results[-1].success and len(results) == PLANS[name][0]
     assert [r.info["label"] for r in results] == [1] * len(results)
-    before, after = results[-1].info["screens"]
+    [before], [after] = results[-1].info["screens"]  # openenv's shape: [[before], [after]]
     assert before != after and Path(after).parent == tmp_path / "screens"
 
 
@@ -101,7 +101,7 @@ def test_rollout_cli_writes_text_and_screens(tmp_path):
     assert len(trajs) == 3 and all(t["outcome"] == 1 for t in trajs)
     for step in (s for t in trajs for s in t["steps"]):
         assert "Admissible actions:" in step["obs"] and step["info"]["label"] == 1
-        assert all(Path(p).is_file() for p in step["info"]["screens"])
+        assert all(Path(p).is_file() for shots in step["info"]["screens"] for p in shots)
 
 
 @needs_chromium
@@ -191,7 +191,7 @@ def test_specs_are_validated_and_edited_along_the_ladders():
 def test_make_tasks_draws_pages_of_the_family():
     tasks = make_tasks(10, 0)
     assert [t.task_id for t in tasks] == [f"web-0-{k:04d}" for k in range(10)]
-    assert {t.spec["task"] for t in tasks} <= set(page.PLANS)
+    assert {t.spec["task"] for t in tasks} <= set(PLANS)
     assert [t.spec for t in make_tasks(4, 0)] == [t.spec for t in tasks[:4]]  # sequential
     with pytest.raises(RlanyError, match="tasks must be"):
         make_tasks(2, 0, tasks="click-button,drag-box")
@@ -200,8 +200,6 @@ def test_make_tasks_draws_pages_of_the_family():
 def test_browsergym_and_numbered_answers_parse_to_the_action_named():
     """BrowserGym's function-call form and our numbered form run the same action, case kept
     (issue 51's KENETH case), without a browser: the parser alone."""
-    from rlany.envs.miniwob import MiniwobEnv
-
     env = MiniwobEnv.__new__(MiniwobEnv)
     env.rows = [{"ref": 3, "kind": "button", "text": "Submit"},
                 {"ref": 5, "kind": "textbox", "text": ""}]
@@ -211,4 +209,6 @@ def test_browsergym_and_numbered_answers_parse_to_the_action_named():
     assert env._parse('fill("5", "KENETH")')[0] == env.actions[2]
     assert env._parse('3. type "KENETH" into [5]')[0] == env.actions[2]
     assert env._parse("fill('5', 'Someone Else')")[0] == 'type "Someone Else" into [5]'
-    assert env._parse("click('9')")[0] is None  # no element 9 listed
+    # an element not on the page is still tried: the page answers with its error
+    assert env._parse("click('9')")[:1] == ("click [9]",)
+    assert env._parse("what a lovely page")[0] is None

@@ -2,32 +2,46 @@
 
 spec:
     {"task": a MiniWoB page ("click-button"; any of the `miniwob` package's pages runs, those
-             in `miniwob_page.PLANS` also have an expert, step labels and edits),
+             in `miniwob_expert.PLANS` also have an expert, step labels and edits),
      "seed": int (MiniWoB draws the page from it: same seed, same page),
      "max_steps": int (default: the expert's most steps + 2),
      "screens": "record" (default) | "observe" | "none",
      "hint": str (optional; shown under the instruction, a rewriter may add or change it)}
 
-Each turn the agent reads the instruction, the page's interactive elements with MiniWoB's
-refs and the numbered admissible actions (`miniwob_page`): `click [REF] KIND "TEXT"` and
-`type "TEXT" into [REF]`. A response maps to one of them (its number, its exact text, else
-`rlany.envs.parse_action`: prefix, nearest), or to a free `type "ANY TEXT" into [REF]`;
-anything else changes nothing ("Nothing happens."). The episode ends when MiniWoB ends it
-(success: MiniWoB's raw reward > 0) or at max_steps. MiniWoB's 10-second episode timer is
-lifted (a policy model may take longer to answer) and its reward is not time-scaled.
+`make_tasks` knobs (`rlany envs make-tasks miniwob --knob KEY=VALUE`):
+    tasks    comma list of pages with an expert (default click-button,click-link,click-tab,
+             focus-text,enter-text); each task draws one of them and a page seed
+    slack    steps allowed beyond the expert's most (default 2): max_steps = most + slack
+    screens  record (default) | observe | none, as spec.screens
+    prefix   the task ids' prefix (default web: web-SEED-0000, web-SEED-0001, ...)
+
+Each turn the agent reads the instruction, the page as an accessibility-tree style list
+(`miniwob_page`: each element's ref, role, name, value, options, and whether it has the
+focus, is checked, expanded, disabled or not visible) and the numbered admissible actions.
+Actions are BrowserGym's high-level set (`miniwob_actions`): click, fill, select_option,
+press, hover, scroll and mouse_click, answered as a listed line (its number or its text:
+`type "KENETH" into [5]`) or as BrowserGym's call (`fill('5', 'KENETH')`); the text typed
+is exactly the text answered. A listed line answered with a slip maps to the nearest one
+(`rlany.envs.parse_action`). An action the page cannot do (no such element, not a text
+field, no such option) is answered "Error: ..." in one line before the next observation; an
+answer that names no action is answered "Nothing happens.". The episode ends when MiniWoB
+ends it (success: MiniWoB's raw reward > 0) or at max_steps. MiniWoB's 10-second episode
+timer is lifted (a policy model may take longer to answer) and its reward is not
+time-scaled.
 
 Screens (PNG of the 160x210 task area, named by content under ~/.cache/rlany/screens/,
-$RLANY_CACHE/screens if set):
-"record" takes one after reset and after each step and puts [before, after] in the step's
-info["screens"] while the policy reads text only (text-only models, `hf`); "observe" also
+$RLANY_CACHE/screens if set): "record" takes one after reset and after each step and puts
+[[before], [after]] in the step's info["screens"] (each a list of image paths, the shape
+openenv uses) while the policy reads text only (text-only models, `hf`); "observe" also
 gives them to the policy and the judge as the observation's images (a vision model, vllm or
 openai engine); "none" takes none (faster).
 
 Expert and labels (tasks in PLANS): `expert_action()` is the next action of a shortest plan,
-read from MiniWoB's own fields (the instruction's target) and the page; info["label"] is +1
-when a step's action was such an action, else -1. `edits` moves a task one rung along
-`miniwob_page.LADDERS` (click-test -> click-test-2 -> click-button -> click-button-sequence;
-enter-text -> enter-password -> login-user; ...), same seed, or moves max_steps by one.
+read from MiniWoB's own fields (the instruction's target) and the page
+(`miniwob_expert`); info["label"] is +1 when a step's action was such an action, else -1.
+`edits` moves a task one rung along `miniwob_expert.LADDERS` (click-test -> click-test-2 ->
+click-button -> click-button-sequence; enter-text -> enter-password -> login-user; ...),
+same seed, or moves max_steps by one.
 
 The browser (`browser`): one headless Chromium per process, a tab per live episode, tabs
 reused by later episodes, none left behind when the process dies. If the browser fails,
@@ -45,8 +59,10 @@ import weakref
 from pathlib import Path
 
 from rlany.envs import Edit, Observation, StepResult, parse_action, save_screen
+from rlany.envs import miniwob_actions as acts
 from rlany.envs import miniwob_page as page
 from rlany.envs.browser import browser
+from rlany.envs.miniwob_expert import LADDERS, PLANS, expert
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -65,13 +81,13 @@ _READY = ("return typeof genProblem === 'function' && typeof core !== 'undefined
 _STATE = """var u = core.getUtterance(); var done = WOB_DONE_GLOBAL;
 if (done) { if (core.cover_div) core.cover_div.style.display = 'none'; WOB_EPISODE_ID--; }
 var dom = core.getDOMInfo(); if (done) { WOB_EPISODE_ID++; }
+var extra = (function () {
+""" + page.SNAPSHOT + """
+})();
 return {utterance: (typeof u === 'string') ? u : u.utterance,
-        fields: (typeof u === 'string') ? null : u.fields, dom: dom,
+        fields: (typeof u === 'string') ? null : u.fields, dom: dom, extra: extra,
         done: done, raw: WOB_RAW_REWARD_GLOBAL};"""
-_CLEAR = """var e = core.previousDOMInfo[arguments[0]]; var r = core.elementClick(arguments[0]);
-if (e && 'value' in e) { e.value = ''; } return r;"""
-_CLICK = "return core.elementClick(arguments[0]);"
-_ACTION = re.compile(r'^(?:click \[(\d+)\].*|type "(.*)" into \[(\d+)\])$', re.DOTALL)
+_PREFIX = re.compile(r"^(?:action\s*:\s*|\d+[.)]\s*)", re.IGNORECASE)
 
 
 def html_dir() -> Path:
@@ -97,11 +113,12 @@ class MiniwobEnv:
         problems = self.validate(task.spec)
         if problems:
             raise RlanyError(f"bad miniwob spec: {'; '.join(problems)}")
-        self.spec = {"max_steps": page.PLANS.get(task.spec["task"], (3,))[0] + SLACK,
+        self.spec = {"max_steps": PLANS.get(task.spec["task"], (3,))[0] + SLACK,
                      "screens": "record", **task.spec}
         self.url = (html_dir() / f"{self.spec['task']}.html").as_uri()
         self.history: list[str] = []  # actions executed in the page, for a replay
         self.steps, self.begun, self.retries, self.fields = 0, False, 0, None
+        self.pointer = list(acts.POINTER)
         self._observe()
         text = self._text()
         if self.spec.get("hint"):
@@ -113,19 +130,21 @@ class MiniwobEnv:
 
     def step(self, response: str) -> StepResult:
         self.steps += 1
-        action, info = self._parse(response)
-        good = set(self._expert()) if self.spec["task"] in page.PLANS else None
+        action, info, error = self._parse(response)
+        good = set(self._expert()) if self.spec["task"] in PLANS else None
         before, retries = self.screen, self.retries
         if action is not None:
-            self._safely(lambda: self._act(action))
+            error = self._safely(lambda: self._act(action))
             self.history.append(action)
+        if error:
+            info["action_error"] = error
         self._observe()
         done = self.state["done"] or self.steps >= self.spec["max_steps"]
         success = bool(self.state["done"]) and (self.state["raw"] or 0) > 0
         if good is not None:
             info["label"] = 1 if action in good else -1
         if self.spec["screens"] != "none":
-            info["screens"] = [before, self.screen]
+            info["screens"] = [[before], [self.screen]]
         if self.retries > retries:
             info["browser_retries"] = self.retries - retries
         if done:
@@ -133,16 +152,17 @@ class MiniwobEnv:
             obs = page.render(self.state["utterance"], self.rows, []).rsplit(
                 "\nAdmissible actions:", 1)[0]
         else:
-            obs = ("" if action else "Nothing happens.\n") + self._text()
+            said = f"Error: {error}\n" if error else "" if action else "Nothing happens.\n"
+            obs = said + self._text()
         images = (self.screen,) if self.spec["screens"] == "observe" else ()
         return StepResult(obs=obs, done=done, success=success, action=action, info=info,
                           images=images)
 
     def describe(self, task: Task) -> str:
         spec = task.spec
-        what = page.PLANS.get(spec["task"], (0, "a MiniWoB web task"))[1]
+        what = PLANS.get(spec["task"], (0, "a MiniWoB web task"))[1]
         hint = f" Hint: {spec['hint']}" if spec.get("hint") else ""
-        steps = spec.get("max_steps", page.PLANS.get(spec["task"], (3,))[0] + SLACK)
+        steps = spec.get("max_steps", PLANS.get(spec["task"], (3,))[0] + SLACK)
         return (f"MiniWoB page {spec['task']} (seed {spec.get('seed')}): {what}. "
                 f"Step limit: {steps}.{hint}")
 
@@ -181,15 +201,15 @@ class MiniwobEnv:
     def edits(self, spec: dict, direction: str) -> list[Edit]:
         """The neighbouring task on each ladder (same seed), and the step limit moved by one."""
         name, out = spec["task"], []
-        least = page.PLANS.get(name, (1,))[0]
+        least = PLANS.get(name, (1,))[0]
         steps = spec.get("max_steps", least + SLACK)
         slack = max(0, steps - least)
-        for ladder in page.LADDERS:
+        for ladder in LADDERS:
             if name in ladder:
                 k = ladder.index(name) + (1 if direction == "harder" else -1)
                 if 0 <= k < len(ladder) and ladder[k] != name:
                     new = ladder[k]
-                    spec2 = {**spec, "task": new, "max_steps": page.PLANS[new][0] + slack}
+                    spec2 = {**spec, "task": new, "max_steps": PLANS[new][0] + slack}
                     out.append(Edit(f"task: {name} -> {new}", spec2))
         moved = steps - 1 if direction == "harder" else steps + 1
         if least <= moved <= 50:
@@ -212,22 +232,28 @@ class MiniwobEnv:
     def _expert(self) -> list[str]:
         if self.state["done"]:
             return []
-        return page.expert(self.spec["task"], self.fields, self.rows, self.history)
+        return expert(self.spec["task"], self.fields, self.rows, self.history)
 
-    def _parse(self, response: str) -> tuple[str | None, dict]:
+    def _parse(self, response: str) -> tuple[str | None, dict, str | None]:
+        """(the action in its listed form or None, how it was read, what is wrong with a
+        call that names an action but cannot be read). A number or a listed line first,
+        else BrowserGym's call or our plain form exactly as answered (any ref, any text:
+        `type "keneth"` types keneth even where only KENETH is listed), else the nearest
+        listed line."""
         lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
-        # BrowserGym's function-call form, `click('12')` / `fill('5', 'x')`, as ours
-        if lines and (ours := page.from_browsergym(lines[-1], self.actions)):
-            lines[-1], response = ours, ours
-        # parse_action keeps the case as answered: `4. type "KENETH" into [5]` types KENETH
+        raw = _PREFIX.sub("", lines[-1]).strip() if lines else ""
+        act, error = acts.from_call(raw)
+        if error:
+            return None, {"parse": "bad call"}, error
+        if act is not None:
+            return acts.show(act, self.rows), {"parse": "call"}, None
         found, info = parse_action(response, self.actions)
-        if found is not None:
-            return found, info
-        free = _ACTION.match(lines[-1]) if lines else None
-        boxes = {r["ref"] for r in self.rows if r["kind"] == "textbox"}
-        if free and free.group(3) and int(free.group(3)) in boxes:
-            return lines[-1], {"parse": "free"}
-        return None, info
+        if info["parse"] == "number" or (found is not None and found == raw):
+            return found, info, None
+        act = acts.from_plain(raw) or acts.from_plain(raw.rstrip("."))
+        if act is not None:
+            return acts.show(act, self.rows), {"parse": "plain"}, None
+        return found, info, None
 
     def _observe(self) -> None:
         def read():
@@ -236,7 +262,7 @@ class MiniwobEnv:
             return state, shot
 
         self.state, self.screen = self._safely(read)
-        self.rows = page.elements(self.state["dom"] or {})
+        self.rows = page.elements(self.state["dom"] or {}, self.state.get("extra") or {})
         if self.fields is None:  # the instruction's fields: MiniWoB's, or its extractor's
             self.fields = list((self.state.get("fields") or {}).items()) or \
                 _extract(self.spec["task"], self.state["utterance"])
@@ -247,16 +273,9 @@ class MiniwobEnv:
 
         return save_screen(browser().driver.find_element(By.ID, "wrap").screenshot_as_png)
 
-    def _act(self, action: str) -> None:
-        from selenium.webdriver.common.action_chains import ActionChains
-
-        m = _ACTION.match(action)
-        driver = browser().driver
-        if m.group(1):
-            driver.execute_script(_CLICK, int(m.group(1)))
-        else:
-            driver.execute_script(_CLEAR, int(m.group(3)))
-            ActionChains(driver, duration=0).send_keys(m.group(2)).perform()
+    def _act(self, action: str) -> str | None:
+        """Do a listed-form action in the page; None, or the page's error in one line."""
+        return acts.run(browser().driver, acts.from_plain(action), self.pointer)
 
     def _attach(self) -> None:
         """Switch to this episode's tab (a dead browser's tab: a new one), begin the
@@ -282,6 +301,7 @@ class MiniwobEnv:
                 break
             time.sleep(0.02)
         b.driver.execute_script("core.getDOMInfo();")  # numbers the elements (refs)
+        self.pointer = list(acts.POINTER)
         for action in self.history:  # as they were: the same refs, in the same order
             self._act(action)
             b.driver.execute_script("core.getDOMInfo();")
@@ -317,15 +337,15 @@ def make_tasks(n: int, seed: int, tasks: str = DEFAULT_TASKS, slack: int = SLACK
     """Random pages of the given MiniWoB tasks (comma list, default the five easiest kinds):
     each task draws a page seed; max_steps is the expert's most steps + slack."""
     chosen = [t.strip() for t in str(tasks).split(",") if t.strip()]
-    if not chosen or set(chosen) - set(page.PLANS):
-        raise RlanyError(f"tasks must be a comma list of {', '.join(page.PLANS)}")
+    if not chosen or set(chosen) - set(PLANS):
+        raise RlanyError(f"tasks must be a comma list of {', '.join(PLANS)}")
     if screens not in SCREENS or not isinstance(slack, int) or slack < 0:
         raise RlanyError(f"need screens in {', '.join(SCREENS)} and slack >= 0")
     rng, out = random.Random(seed), []
     for k in range(n):
         name = rng.choice(chosen)
         spec = {"task": name, "seed": rng.randrange(2**31),
-                "max_steps": page.PLANS[name][0] + slack, "screens": screens}
+                "max_steps": PLANS[name][0] + slack, "screens": screens}
         task_id = f"{prefix}-{seed}-{k:04d}"
         out.append(Task(task_id=task_id, env="miniwob", spec=spec, prompt=PROMPT,
                         lineage=Lineage(root_id=task_id), split=split))

@@ -1,30 +1,71 @@
-"""MiniWoB pages as text: the interactive elements, the admissible actions, and the expert.
+"""MiniWoB pages as text: an accessibility-tree style list of the elements, and the
+admissible actions.
 
-`elements(dom)` flattens MiniWoB's `core.getDOMInfo()` tree into rows (ref, kind, text,
-value, checked) for the elements an agent can act on: buttons, links, text boxes, check
-boxes and radios (named by their label), and leaf elements with text (a link styled as a
-span, a paragraph). Refs are MiniWoB's own: stable for an element within an episode.
+`elements(dom, extra)` flattens MiniWoB's `core.getDOMInfo()` tree (only rendered elements;
+refs are MiniWoB's own, stable for an element within an episode) into rows, one per element
+an agent can act on or read: buttons, links, text fields, check boxes and radios (named by
+their label), <select>s with their options, headings and elements with an ARIA widget role
+(an accordion's header is a `tab`), and leaf elements with text. `extra` (the page's
+`SNAPSHOT`, per ref) adds what the DOM info lacks: the ARIA role, an input's type, a
+select's options, whether the element has the focus, is disabled, expanded or collapsed,
+scrollable, or not visible (hidden, covered, or outside the window or its scroll box).
 
-Actions (the strings the policy answers with, listed every turn):
-    click [REF] KIND "TEXT"          click the element (a text box gets the focus)
-    type "TEXT" into [REF]           replace the text box's value with TEXT (typed keys)
-TEXT candidates for typing are the instruction's quoted values (MiniWoB's fields), as
-written and in upper/lower case, so `--constrain-actions` has a finite list.
-
-`expert(task, fields, rows, history)` lists the next actions of the shortest plans from
-the current page for the tasks in `PLANS` (MiniWoB exposes the target in its fields and the
-DOM), [] when the task is done or has no expert here.
+`render` shows them one a line, BrowserGym's axtree in a flat list:
+    [5] textbox "tt" value="" (focused)
+    [7] combobox "options" value="Peru" options: "Chad", "Peru", "Kenya"
+    [9] tab "Section #38" (collapsed)
+    [6] button "Submit" (not visible)
+then the numbered admissible actions (`admissible`), per element kind: a click for each
+element that is not a <select>; for a text field also `type` with each text the
+instruction quotes (MiniWoB's fields, as written and in upper/lower case; for a date or
+time input the field in the input's format, 2016-05-21 / 14:05, and as written) and
+`press "Enter"`; for a
+<select> one `select` per option; `scroll 0 100` / `scroll 0 -100` when something on the
+page scrolls. Other actions (`hover`, other keys, free text, `click at X Y`) are accepted
+when answered but not listed, so `--constrain-actions` keeps a short list.
 """
 
 from __future__ import annotations
 
 import re
 
+from rlany.envs.miniwob_actions import Act, show
+
 TEXTBOXES = {"input_text", "input_password", "input_email", "input_number", "input_search",
-             "input_tel", "input_url", "textarea"}
+             "input_tel", "input_url", "input_date", "input_time", "input_month",
+             "input_week", "input_datetime-local", "textarea"}
 KINDS = {"button": "button", "a": "link", "input_checkbox": "checkbox", "input_radio": "radio",
-         "input_submit": "button", "input_button": "button", "select": "select",
+         "input_submit": "button", "input_button": "button", "select": "combobox",
          **{t: "textbox" for t in TEXTBOXES}}
+# ARIA widget roles an element may declare (jQuery UI's tabs and accordion headers, menus)
+ROLES = {"tab", "menuitem", "treeitem", "option", "switch", "slider", "spinbutton"}
+HEADINGS = {"h1", "h2", "h3", "h4", "h5", "h6"}
+
+# Run after core.getDOMInfo(): per ref, what the DOM info does not say.
+SNAPSHOT = r"""var out = {}, seen = core.previousDOMInfo;
+for (var ref in seen) {
+  var el = seen[ref]; if (!(el instanceof Element)) continue;
+  var r = el.getBoundingClientRect(), cs = window.getComputedStyle(el);
+  var hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+  var x = {role: el.getAttribute('role') || '', focused: document.activeElement === el,
+           visible: cs.visibility !== 'hidden' && hit !== null && (hit === el || el.contains(hit)
+             || (el.labels && Array.prototype.some.call(el.labels, function (l) {
+                   return l.contains(hit); })))};
+  if (el.children.length === 0) x.text = el.textContent.replace(/\s+/g, ' ').trim();
+  if (el.disabled) x.disabled = true;
+  var ex = el.getAttribute('aria-expanded'); if (ex !== null) x.expanded = ex === 'true';
+  if (el instanceof HTMLInputElement) x.type = el.type;
+  if (el instanceof HTMLSelectElement) {
+    x.options = Array.prototype.map.call(el.options, function (o) { return o.text.trim(); });
+    x.selected = Array.prototype.map.call(el.selectedOptions,
+                                          function (o) { return o.text.trim(); });
+    x.multiple = el.multiple;
+  }
+  if (el.scrollHeight > el.clientHeight + 2 && /(auto|scroll)/.test(cs.overflowY))
+    x.scrollable = true;
+  out[ref] = x;
+}
+return out;"""
 
 
 def _text_under(node: dict) -> str:
@@ -33,177 +74,149 @@ def _text_under(node: dict) -> str:
     return " ".join(filter(None, (_text_under(c) for c in node.get("children", [])))).strip()
 
 
-def elements(dom: dict) -> list[dict]:
+def _kind(tag: str, node: dict, more: dict) -> str | None:
+    if more.get("role") in ROLES:
+        return more["role"]
+    kind = KINDS.get(tag)
+    if kind == "combobox" and more.get("multiple"):
+        return "listbox"
+    if kind is None and tag in HEADINGS and _text_under(node):
+        return "heading"
+    if kind is None and not node.get("children") and node.get("text") and tag != "body":
+        return "text"
+    return kind
+
+
+def elements(dom: dict, extra: dict | None = None) -> list[dict]:
+    extra = extra or {}
     rows: list[dict] = []
 
     def walk(node: dict, label: str) -> None:
         tag, ref = str(node.get("tag", "")).lower(), node.get("ref", 0)
         if tag == "label":
             label = _text_under(node)
-        kind = KINDS.get(tag)
-        children = node.get("children", [])
-        if kind is None and not children and node.get("text") and ref > 0 and tag != "body":
-            kind = "text"
-        if kind and ref > 0:
-            text = label if kind in ("checkbox", "radio", "textbox") else _text_under(node)
-            if kind == "textbox" and not text:
+        more = extra.get(str(ref), {})
+        kind = _kind(tag, node, more) if ref > 0 else None
+        if kind:
+            text = label if kind in ("checkbox", "radio", "textbox") else (
+                more.get("text") or _text_under(node))  # the page's own spaces: "rm a.gif"
+            if kind in ("textbox", "combobox", "listbox") and not text:
                 text = node.get("id") or ""
             row = {"ref": ref, "kind": kind, "text": " ".join(text.split())[:60],
-                   "id": node.get("id") or "", "classes": node.get("classes") or ""}
+                   "id": node.get("id") or "", "classes": node.get("classes") or "",
+                   "focused": bool(more.get("focused", node.get("focused"))),
+                   "visible": more.get("visible", True)}
             if kind == "textbox":
                 row["value"] = str(node.get("value") or "")
+                row["type"] = more.get("type", "text")
             if kind in ("checkbox", "radio"):
                 row["checked"] = bool(node.get("value"))
+            if kind in ("combobox", "listbox"):
+                row["options"], row["selected"] = more.get("options", []), more.get(
+                    "selected", [])
+            for key in ("expanded", "disabled", "scrollable"):
+                if key in more:
+                    row[key] = more[key]
             rows.append(row)
-        for child in children:
+        at = len(rows)
+        for child in node.get("children", []):
             walk(child, label)
+        same = [r for r in rows[at:] if kind in ROLES and r["text"] == rows[at - 1]["text"]]
+        if same:  # a tab wrapping its link: one row, the link (the element that acts)
+            outer = rows[at - 1]
+            same[0].update({k: outer[k] for k in ("expanded",) if k in outer},
+                           focused=same[0]["focused"] or outer["focused"])
+            del rows[at - 1]
 
     walk(dom, "")
     return rows
 
 
+def line(r: dict) -> str:
+    out = f'[{r["ref"]}] {r["kind"]} "{r["text"]}"'
+    if "value" in r:
+        out += f' value="{r["value"]}"'
+    if "options" in r:
+        out += f' value="{", ".join(r["selected"])}" options: ' + ", ".join(
+            f'"{o}"' for o in r["options"])
+    if "checked" in r:
+        out += " (checked)" if r["checked"] else " (unchecked)"
+    if "expanded" in r:
+        out += " (expanded)" if r["expanded"] else " (collapsed)"
+    for key, mark in (("focused", "focused"), ("disabled", "disabled"),
+                      ("scrollable", "scrollable")):
+        if r.get(key):
+            out += f" ({mark})"
+    if not r.get("visible", True):
+        out += " (not visible)"
+    return out
+
+
 def render(utterance: str, rows: list[dict], actions: list[str]) -> str:
-    lines = []
-    for r in rows:
-        line = f'[{r["ref"]}] {r["kind"]} "{r["text"]}"'
-        if "value" in r:
-            line += f' value="{r["value"]}"'
-        if "checked" in r:
-            line += " (checked)" if r["checked"] else " (unchecked)"
-        lines.append(line)
     acts = "\n".join(f"{k + 1}. {a}" for k, a in enumerate(actions))
-    return (f"Instruction: {utterance}\nPage elements:\n" + "\n".join(lines)
+    return (f"Instruction: {utterance}\nPage elements:\n" + "\n".join(line(r) for r in rows)
             + f"\nAdmissible actions:\n{acts}")
 
 
+# -- the actions' listed forms -------------------------------------------------------------
 def click(row: dict) -> str:
-    return f'click [{row["ref"]}] {row["kind"]} "{row["text"][:30]}"'
+    return show(Act("click", ref=row["ref"]), [row])
 
 
 def type_(text: str, row: dict) -> str:
-    return f'type "{text}" into [{row["ref"]}]'
+    return show(Act("type", ref=row["ref"], text=text), [row])
 
 
-_BG_CLICK = re.compile(r"""^click\(\s*['"](\d+)['"]\s*\)$""")
-_BG_FILL = re.compile(r"""^fill\(\s*['"](\d+)['"]\s*,\s*(['"])(.*)\2\s*\)$""", re.DOTALL)
+def select(option: str, row: dict) -> str:
+    return show(Act("select", ref=row["ref"], options=(option,)), [row])
 
 
-def from_browsergym(line: str, actions: list[str]) -> str | None:
-    """BrowserGym's high-level answer in our action syntax: `click('12')` -> the listed
-    `click [12] ...`, `fill('5', 'text')` -> `type "text" into [5]` (case kept); None for
-    any other line."""
-    if m := _BG_CLICK.match(line.strip()):
-        return next((a for a in actions if a.startswith(f"click [{m[1]}]")), None)
-    if m := _BG_FILL.match(line.strip()):
-        return f'type "{m[3]}" into [{m[1]}]'
-    return None
+def press(keys: str, row: dict) -> str:
+    return show(Act("press", ref=row["ref"], text=keys), [row])
 
 
-def candidates(fields: list) -> list[str]:
+def as_time(text: str) -> str | None:
+    """'2:45PM', '2:45 pm', '14:45' -> '14:45' (a time input's value); else None."""
+    m = re.fullmatch(r"\s*(\d{1,2}):(\d{2})\s*([AaPp][Mm])?\s*", text)
+    if not m or int(m[1]) > 23 or int(m[2]) > 59:
+        return None
+    hour = int(m[1]) % 12 + (12 if m[3] and m[3].lower() == "pm" else 0) if m[3] else int(m[1])
+    return f"{hour:02d}:{m[2]}"
+
+
+def as_date(text: str) -> str | None:
+    """'02/03/2014' (month/day/year, MiniWoB's) -> '2014-02-03' (a date input's value)."""
+    m = re.fullmatch(r"\s*(\d{1,2})/(\d{1,2})/(\d{4})\s*", text)
+    return f"{m[3]}-{int(m[1]):02d}-{int(m[2]):02d}" if m else None
+
+
+def candidates(fields: list, row: dict | None = None) -> list[str]:
+    """The texts listed for typing into `row`: the instruction's fields (a date or time
+    input: in its format)."""
+    kind = (row or {}).get("type", "text")
     out: list[str] = []
     for _, value in fields:
-        for v in (str(value), str(value).upper(), str(value).lower()):
-            if v.strip() and v not in out and not v.isdigit():
+        value = str(value)
+        if kind in ("time", "date"):  # the value's format, and as written (typed as keys)
+            forms = [(as_time if kind == "time" else as_date)(value)]
+            forms += [value] if forms[0] else []
+        else:
+            forms = [value, value.upper(), value.lower()]
+        for v in forms:
+            if v and v.strip() and v not in out and not v.isdigit():
                 out.append(v)
     return out
 
 
 def admissible(rows: list[dict], fields: list) -> list[str]:
-    acts = [click(r) for r in rows]
-    texts = candidates(fields)
-    acts += [type_(t, r) for r in rows if r["kind"] == "textbox" for t in texts]
+    acts: list[str] = []
+    for r in rows:
+        if r["kind"] in ("combobox", "listbox"):
+            acts += [select(o, r) for o in r.get("options", [])]
+            continue
+        acts.append(click(r))
+        if r["kind"] == "textbox":
+            acts += [type_(t, r) for t in candidates(fields, r)] + [press("Enter", r)]
+    if any(r.get("scrollable") for r in rows):
+        acts += ["scroll 0 100", "scroll 0 -100"]
     return acts
-
-
-def _find(rows: list[dict], kind: str | tuple, text: str | None = None) -> list[dict]:
-    kinds = (kind,) if isinstance(kind, str) else kind
-    found = [r for r in rows if r["kind"] in kinds]
-    if text is None:
-        return found
-    exact = [r for r in found if r["text"] == text]
-    return exact or [r for r in found if r["text"].strip(".,;:!?") == text.strip(".,;:!?")]
-
-
-def _fill_then(boxes: list[tuple[dict, str]], submit: list[dict]) -> list[str]:
-    """Type each wanted value where it is not yet, then click submit."""
-    todo = [type_(want, box) for box, want in boxes if box.get("value") != want]
-    return todo or [click(r) for r in submit[:1]]
-
-
-def _transform(text: str, case: str) -> str:
-    return text.upper() if case == "upper" else text.lower() if case == "lower" else text
-
-
-def expert(task: str, fields: list, rows: list[dict], history: list[str]) -> list[str]:
-    """The next actions of the shortest plans (the first is the expert's pick); []: none."""
-    f = {k: str(v) for k, v in fields}
-    target = f.get("target", "")
-    if task in ("click-test", "click-test-2", "click-button"):
-        hits = _find(rows, "button") if task == "click-test" else _find(rows, "button", target)
-        return [click(r) for r in hits[:1]]
-    if task == "click-button-sequence":
-        one, two = _find(rows, "button", "ONE"), _find(rows, "button", "TWO")
-        if not one or not two:
-            return []
-        return [click(two[0])] if click(one[0]) in history else [click(one[0])]
-    if task == "click-link":
-        return [click(r) for r in _find(rows, ("text", "link"), target)[:1]]
-    if task == "click-tab":
-        return [click(r) for r in _find(rows, "link", f"Tab #{target}")[:1]]
-    if task in ("focus-text", "focus-text-2"):
-        boxes = _find(rows, "textbox")
-        k = int(target) - 1 if target.isdigit() else 0
-        return [click(boxes[k])] if 0 <= k < len(boxes) else []
-    if task in ("enter-text", "enter-text-2"):
-        want = _transform(f.get("text", target), f.get("case", ""))
-        boxes, submit = _find(rows, "textbox"), _find(rows, "button", "Submit")
-        return _fill_then([(boxes[0], want)], submit) if boxes else []
-    if task == "enter-password":
-        boxes = _find(rows, "textbox")
-        return _fill_then([(b, target) for b in boxes], _find(rows, "button", "Submit"))
-    if task == "login-user":
-        user = [r for r in rows if r["kind"] == "textbox" and r["id"] == "username"]
-        pw = [r for r in rows if r["kind"] == "textbox" and r["id"] == "password"]
-        if not user or not pw:
-            return []
-        return _fill_then([(user[0], f.get("username", "")), (pw[0], f.get("password", ""))],
-                          _find(rows, "button", "Login"))
-    if task == "click-dialog":
-        return [click(r) for r in rows if r["kind"] == "button"
-                and "ui-dialog-titlebar-close" in r["classes"]][:1]
-    if task == "click-option":
-        pick = [r for r in _find(rows, "radio", target) if not r["checked"]]
-        return [click(pick[0])] if pick else [click(r) for r in
-                                              _find(rows, "button", "Submit")[:1]]
-    if task == "click-checkboxes":
-        wanted = {v for k, v in f.items() if k.startswith("target")}
-        flip = [click(r) for r in _find(rows, "checkbox") if r["checked"] != (r["text"] in wanted)]
-        return flip or [click(r) for r in _find(rows, "button", "Submit")[:1]]
-    return []
-
-
-# task -> (most steps its expert plan takes, what it asks: the rewriter's view)
-PLANS = {
-    "click-test": (1, "click the only button"),
-    "click-test-2": (1, "click the button named in the instruction, of two"),
-    "click-button": (1, "click the button named in the instruction, among several"),
-    "click-button-sequence": (2, "click button ONE, then button TWO"),
-    "click-link": (1, "click the link named in the instruction, inside a paragraph"),
-    "click-tab": (1, "click the tab named in the instruction"),
-    "focus-text": (1, "put the focus into the only text box"),
-    "focus-text-2": (1, "put the focus into the n-th of three text boxes"),
-    "enter-text": (2, "type the given text into the text box and press Submit"),
-    "enter-text-2": (2, "type the given text in upper/lower case and press Submit"),
-    "enter-password": (3, "type the password into both fields and press Submit"),
-    "login-user": (3, "type a username and a password and press Login"),
-    "click-dialog": (1, "close the dialog by its x button"),
-    "click-option": (2, "select the named radio option and press Submit"),
-    "click-checkboxes": (7, "tick exactly the named check boxes and press Submit"),
-}
-# easier -> harder neighbours: `edits` moves a task one rung along a ladder
-LADDERS = (("click-test", "click-test-2", "click-button", "click-button-sequence"),
-           ("click-link", "click-tab", "click-dialog"),
-           ("focus-text", "focus-text-2"),
-           ("enter-text", "enter-text-2"),
-           ("enter-text", "enter-password", "login-user"),
-           ("click-option", "click-checkboxes"))
