@@ -109,7 +109,7 @@ def test_the_loop_resolves_init_to_the_runs_first_model():
 
 
 @pytest.mark.parametrize("flags, code, says", [
-    (["--kl-ref", "init"], 1, "--kl-ref init names a loop run's first policy"),
+    (["--kl-ref", "init"], 2, "--kl-ref init names a loop run's first policy"),
     (["--kl-ref", "no/such/dir"], 1, "--kl-ref: not a LoRA adapter directory"),
     (["--kl-ref", "base", "--full"], 2, "needs a LoRA policy"),
 ])

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Optional
 
+from rlany import limits
 from rlany.errors import RlanyError, UsageError
 
 ENGINES = ("auto", "vllm", "hf", "openai", "fake")  # the --engine choices (rlany.engines)
@@ -99,7 +100,8 @@ class EngineFields:
                             "request stay in one call; constrained requests: prompts per "
                             "pass). Larger is faster on a CPU until memory runs short (64 "
                             "sequences: one call took 0.91x the time of two of 32, "
-                            "benchmarks/README.md).", scope="run", min=1)
+                            "benchmarks/README.md).", scope="run", min=1,
+                            max=limits.MAX_BATCH)
 
 
 def specs(cls: type) -> dict[str, tuple[Any, Any, Spec]]:
@@ -142,13 +144,18 @@ def validate(opts: Any, style: str = "cli") -> Any:
             if spec.min is not None and (v < spec.min or (spec.min_exclusive and
                                                           v == spec.min)):
                 op = ">" if spec.min_exclusive else ">="
-                raise RlanyError(f"{name(key)} must be {op} {spec.min:g}, got {v}")
+                raise RlanyError(f"{name(key)} must be {op} {_bound(spec.min)}, got {v}")
             if spec.max is not None and v > spec.max:
-                raise RlanyError(f"{name(key)} must be <= {spec.max:g}, got {v}")
+                raise RlanyError(f"{name(key)} must be <= {_bound(spec.max)}, got {v}")
     check = getattr(opts, "check", None)
     if check is not None:
         check(name)  # rules across fields; `name(key)` spells a field for this caller
     return opts
+
+
+def _bound(x: float) -> str:
+    """A bound as a reader writes it: 1,000,000 (not 1e+06), 0.5."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 # -- argv ------------------------------------------------------------------------------

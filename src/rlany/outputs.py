@@ -34,18 +34,20 @@ from typing import IO, Any
 
 import jsonlines
 
+from rlany._testhook import pause
 from rlany.errors import RlanyError
 from rlany.jsonl import JsonlReader, dumps, meta_path
 from rlany.records import SCHEMA_VERSION
 
 
-def check_target(path: str | Path) -> None:
+def check_target(path: str | Path, directory: bool = False) -> None:
     """The rule every output obeys (the atomic writers, the resumable writer and the
     stages' output checks all call this): an output may be a new file or replace a regular
     file; a device, a FIFO, a socket or a directory at that path is never replaced (as
     root, replacing `/dev/null` would break the machine). Nor is a symbolic link (writing
     renames a new file over the link itself, never through it: `/dev/stdout` is a link to
-    `/proc/self/fd/1`), nor a path that resolves into /proc or /dev."""
+    `/proc/self/fd/1`), nor a path that resolves into /proc or /dev. `directory`: a
+    directory the writer makes and fills (a trainer's partial state): one, or nothing."""
     link = os.path.islink(path)
     real = os.path.realpath(path)
     system = str(path).startswith(("/proc/", "/dev/")) or real.startswith(("/proc/", "/dev/"))
@@ -66,8 +68,11 @@ def check_target(path: str | Path) -> None:
                          where=str(path)) from None
     except OSError:
         return  # unreadable: the write itself reports it
-    if stat.S_ISREG(mode):
+    if stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode):
         return
+    if directory:
+        raise RlanyError("not a directory: rlany makes and fills this directory itself",
+                         where=str(path))
     kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)"
             if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
             else "a block device" if stat.S_ISBLK(mode) else "a socket"
@@ -116,6 +121,8 @@ class AtomicJsonl:
         assert self._writer is not None
         self._writer.write(record)
         self.count += 1
+        if self._tmp is not None:
+            pause("record", self._out.flush)  # a test hook (rlany._testhook)
 
     def write_all(self, records: Iterable[Any]) -> None:
         for r in records:
@@ -226,8 +233,7 @@ class ResumableJsonl:
         if self.stream:
             return
         self.path = Path(path)
-        self.partial = self.path.with_name(self.path.name + ".partial")
-        self.index = self.path.with_name(self.path.name + ".partial.idx")
+        self.partial, self.index = partial_paths(self.path)
         for target in (self.path, self.partial, self.index):
             check_target(target)
         self.header = json.loads(json.dumps({"header": header or {}}, sort_keys=True))
@@ -284,12 +290,14 @@ class ResumableJsonl:
         self._out.write(data)
         self._out.flush()
         os.fsync(self._out.fileno())
+        pause("group-data")  # test hooks (rlany._testhook): a torn group, a whole one
         self._idx.write(json.dumps({"key": key, "end": self._out.tell(),
                                     "records": len(records)}) + "\n")
         self._idx.flush()
         os.fsync(self._idx.fileno())
         self.done.append(key)
         self.count += len(records)
+        pause("group")
 
     def finish(self) -> None:
         if self.stream:
@@ -305,6 +313,12 @@ class ResumableJsonl:
             return
         self._out.close()
         self._idx.close()
+
+
+def partial_paths(path: str | Path) -> tuple[Path, Path]:
+    """(`path.partial`, `path.partial.idx`): what `ResumableJsonl(path)` writes beside it."""
+    p = Path(path)
+    return p.with_name(p.name + ".partial"), p.with_name(p.name + ".partial.idx")
 
 
 def _loads_or_none(line: str) -> Any:

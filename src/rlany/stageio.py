@@ -3,51 +3,59 @@ and the engine started from a stage's options. The stage modules hold the logic;
 holds no math and no stage-specific rule (whether two inputs belong together is
 `rlany.provenance`).
 
-* `check_paths` refuses an output that would overwrite an input; `spool_input` copies stdin
-  (or a named pipe) to a temp file, for a stage that reads its input twice; `output_lock`
-  keeps two processes from writing one output.
+* `check_paths` refuses an output that would overwrite an input, and an output or a file
+  written beside it that is no regular file; `spool_input` copies stdin (or a named pipe)
+  to a temp file, for a stage that reads its input twice. `output_lock` (`rlany.locks`,
+  imported here by the stages) keeps two processes from writing one output.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlany.console import info
 from rlany.errors import RlanyError, UsageError
 from rlany.jsonl import JsonlReader
+from rlany.locks import lock_path, output_lock, output_state  # noqa: F401 (the stages' import)
 
 GEN_VERSIONS = ("vllm", "torch", "transformers", "peft")  # peft applies the adapters
 
 
-def prepare_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]
-                  ) -> dict[str, str | None]:
+Sides = dict[str, list[tuple[str, Path, bool]]]  # flag -> (what, path, a directory?)
+
+
+def prepare_paths(inputs: dict[str, str | None], outputs: dict[str, str | None],
+                  sides: Sides | None = None) -> dict[str, str | None]:
     """Refuse outputs that name an input (or each other), then spool `-`, FIFOs and process
     substitutions once into temp files. Returns the readable path of each input."""
-    check_paths(inputs, outputs)
+    check_paths(inputs, outputs, sides)
     return {k: (spool_input(v)[0] if v else v) for k, v in inputs.items()}
 
 
 def begin_generation(opts: Any, outputs: dict[str, str | None], engine: Any = None,
                      adapters: dict[str, str | None] | None = None,
-                     check: Callable[[Any], None] | None = None):
+                     check: Callable[[Any], None] | None = None,
+                     sides: Sides | None = None, pick: Callable[[list], Any] | None = None):
     """(tasks, reader, engine) for a stage that generates from `opts.input`: adapters and
-    paths checked and tasks read (bad input, or a task `check` refuses, fails before an
-    engine starts), then the engine started unless one is given (the loop passes its own)."""
+    paths (with the outputs' `sides`) checked and tasks read (bad input, or a task `check`
+    refuses, fails before an engine starts), then the engine started unless one is given
+    (the loop passes its own). `pick(tasks)`, where given, is returned for the tasks: what
+    the run plays (a sample, a shard), its sizes checked (`rlany.limits`) before the engine
+    starts."""
     for flag, adapter in {"--adapter": opts.adapter, **(adapters or {})}.items():
         check_adapter(adapter, flag)
         check_fits(opts, adapter, flag)
-    paths = prepare_paths({"--input": opts.input}, outputs)
+    paths = prepare_paths({"--input": opts.input}, outputs, sides)
     tasks, reader = read_tasks(paths["--input"], name=opts.input, check=check)
-    return tasks, reader, engine or start_engine(opts)
+    picked = tasks if pick is None else pick(tasks)
+    return picked, reader, engine or start_engine(opts)
 
 
 def check_fits(opts: Any, adapter: str | None, flag: str = "--adapter") -> None:
@@ -257,12 +265,15 @@ def resolved_engine(flags: dict) -> str | None:
     return (flags.get("engine_resolved") or {}).get("engine", flags.get("engine"))
 
 
-def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
-    """Usage errors before anything is read or written: an output that is not a regular
-    file (`outputs.check_target`: a device, a FIFO, a directory), an output (or its
-    `.meta.json` sidecar) that names an input file or an input's sidecar (writing it would
-    destroy the input or its provenance), two outputs naming one file, or more than one
-    input or output on stdin/stdout. The same file under two names (a symlink, a hard
+def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None],
+                sides: Sides | None = None) -> None:
+    """Usage errors before anything is read or written: an output, its `.meta.json`
+    sidecar or a file the stage writes beside it (`sides`: a partial output and its index,
+    a lock, a trainer's metrics, partial state and temp checkpoint) that is not a regular
+    file (`outputs.check_target`: a device, a FIFO, a link, a directory; a side directory:
+    not a directory), any of those naming an input file or an input's sidecar (writing it
+    would destroy the input or its provenance), two outputs naming one file, or more than
+    one input or output on stdin/stdout. The same file under two names (a symlink, a hard
     link) counts as one. Keys are the flags, for the message."""
     from rlany.jsonl import meta_path
     from rlany.outputs import check_target
@@ -290,7 +301,9 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -
     for flag, p in outputs.items():
         if not p or p == "-":
             continue
-        for path, label in ((p, flag), (meta_path(p), f"{flag}'s sidecar")):
+        beside = [(f"{flag}'s sidecar", meta_path(p), False),
+                  *((f"{flag}'s {what}", path, d) for what, path, d in (sides or {}).get(flag, ()))]
+        for label, path, _ in [(flag, p, False), *beside]:
             for key in keys(path):
                 if key in seen:
                     raise UsageError(f"{label} {path} is also {seen[key]}: writing it would "
@@ -301,6 +314,12 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None]) -
             check_target(p)
         except RlanyError as e:
             raise UsageError(f"{flag} {p}: {e.message}", hint=e.hint) from None
+        for label, path, directory in beside:
+            try:
+                check_target(path, directory=directory)
+            except RlanyError as e:
+                raise UsageError(f"{label} {path}: {e.message}", hint="remove it, or choose "
+                                 f"another {flag}") from None
 
 
 def spool_input(path: str) -> tuple[str, str]:
@@ -328,31 +347,12 @@ def spool_input(path: str) -> tuple[str, str]:
     return tmp, path
 
 
-@contextlib.contextmanager
-def output_lock(path: str | Path, new: bool = False,
-                busy: str = "another rlany process is writing this output; wait for it or "
-                "stop it") -> Iterator[None]:
-    """Hold an exclusive lock on `path` while a stage writes it (a `.X.lock` file beside
-    it, flock: released by the kernel when the process dies, so a killed stage never
-    leaves a stale lock). A second writer fails at once (`busy`) instead of interleaving.
-    `new=True` (a checkpoint directory): `path` must still not exist once the lock is
-    held, so a writer that checked before another one finished cannot overwrite it."""
-    if str(path) == "-":
-        yield
-        return
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = target.with_name(f".{target.name}.lock")
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RlanyError(busy, where=str(path)) from None
-        try:
-            if new and target.exists():
-                raise RlanyError("exists: another process finished it", where=str(path),
-                                 hint="choose another --output or delete it")
-            yield
-        finally:
-            lock.unlink(missing_ok=True)
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+def resumable_sides(path: str) -> Sides:
+    """The files a resumable output (rollout, judge) writes beside `path`: checked with it."""
+    from rlany.outputs import partial_paths
+
+    if path == "-":
+        return {}
+    partial, index = partial_paths(path)
+    return {"--output": [("partial output", partial, False), ("partial index", index, False),
+                         ("lock", lock_path(path), False)]}

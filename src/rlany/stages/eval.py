@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, fields
 from statistics import fmean
 
+from rlany import limits
 from rlany.errors import RlanyError, UsageError
 from rlany.options import opt
 from rlany.prompts import VERDICT_MODES
@@ -66,7 +67,7 @@ class EvalOptions(EpisodeFields):
                            "shards' summaries concatenated (cat eval.*.json); - for stdin. "
                            "Writes the unsharded run's summary from their counts and runs no "
                            "model, so only -o goes with it.", scope="io")
-    n: int = opt(4, "Episodes per task.", min=1)
+    n: int = opt(4, "Episodes per task.", min=1, max=limits.MAX_SAMPLES)
     k: tuple[int, ...] = opt((1,), "pass@k to report (each <= --n).", min=1)
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
     # the judge measured: the paper's step accuracy, reported by every loop iteration. Its
@@ -77,9 +78,11 @@ class EvalOptions(EpisodeFields):
                       panel=JUDGE_PANEL)
     judge_adapter: str | None = opt(None, "Reward-model adapter for the judge (implies "
                                     "--judge).", scope="io", panel=JUDGE_PANEL)
-    m: int = opt(3, "Judge samples per step.", min=1, panel=JUDGE_PANEL)
+    m: int = opt(3, "Judge samples per step.", min=1, max=limits.MAX_SAMPLES,
+                 panel=JUDGE_PANEL)
     judge_max_tokens: int = opt(384, "Max new tokens of the judge's reasoning (0: the "
-                                "verdict alone).", min=0, panel=JUDGE_PANEL)
+                                "verdict alone).", min=0, max=limits.MAX_TOKENS,
+                                panel=JUDGE_PANEL)
     judge_temperature: float = opt(0.8, "The judge's sampling temperature.", min=0,
                                    panel=JUDGE_PANEL)
     history_steps: int = opt(5, "Earlier actions shown to the judge.", min=0,
@@ -249,11 +252,14 @@ def run(opts: EvalOptions, engine=None) -> dict:
         return join(opts)
     started = time.time()
     shard = shards.parse(opts.shard)
-    tasks, reader, engine = begin_generation(
+    def pick(tasks: list) -> tuple:  # this shard's tasks, their episodes within the limits
+        chosen, in_shard = shards.take(tasks, opts.batch_tasks, shard, stage="eval",
+                                       batch_flag="--batch-tasks")
+        limits.check_episodes(opts.n, len(chosen), opts.batch_tasks, "eval")
+        return chosen, in_shard
+    (tasks, in_shard), reader, engine = begin_generation(
         opts, {"--output": opts.output, "--trajectories": opts.trajectories}, engine,
-        {"--judge-adapter": opts.judge_adapter})
-    tasks, in_shard = shards.take(tasks, opts.batch_tasks, shard, stage="eval",
-                                  batch_flag="--batch-tasks")
+        {"--judge-adapter": opts.judge_adapter}, pick=pick)
     ropts, jopts = opts.rollout_options(), opts.judge_options()
     policy = {"model": engine.model, "adapter": opts.adapter}
     # too many errored episodes (or none that ran) fail here, before anything is written

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from rlany import limits
 from rlany.engines import Engine, NoModel, Request, Sampling, real_token_ids, stable_seed
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
@@ -42,6 +43,8 @@ from rlany.records import (
     responses_digest,
 )
 from rlany.shards import shard_opt
+from rlany.stages.expert import check_labels, label_verdicts
+from rlany.stages.resume import replayed
 from rlany.stages.unit_tests import unit_test_batch, unit_test_counts
 from rlany.stats import balanced_accuracy
 
@@ -58,14 +61,15 @@ class JudgeOptions(EngineFields):
                       "trajectories followed by their judgments, which `rlany score -i -` "
                       "reads (no --judgments needed). A file resumes (same flags); stdout "
                       "does not.", scope="io", short="-o")
-    m: int = opt(3, "Judge samples per step.", min=1)
+    m: int = opt(3, "Judge samples per step.", min=1, max=limits.MAX_SAMPLES)
     max_tokens: int = opt(384, "Max new tokens of each judge sample's reasoning. 0: no "
                           "reasoning, the verdict alone (constrained): the m samples of a "
-                          "step then cost one prompt pass, not m generations.", min=0)
+                          "step then cost one prompt pass, not m generations.", min=0,
+                          max=limits.MAX_TOKENS)
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
     top_p: float = opt(1.0, "Nucleus sampling top-p.", min=0, max=1, min_exclusive=True)
     batch_trajectories: int = opt(64, "Trajectories whose steps go to the engine in one call.",
-                                  min=1)
+                                  min=1, max=limits.MAX_BATCH)
     history_steps: int = opt(5, "Earlier actions shown to the judge.", min=0)
     obs_lines: int = opt(0, "Cap the judge's prompt: what happened next, and the task's "
                          "first observation at later steps, cut to their first N lines (0: "
@@ -155,7 +159,7 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                         sampling=replace(opts.sampling, n=opts.m,
                                          seed=stable_seed(opts.seed, "judge", tid, k)))
                 for tid, steps in prompts.items() for k, p in steps]
-    results = iter(_label_verdicts(batch, prompts, opts.m) if opts.labels
+    results = iter(label_verdicts(batch, prompts, opts.m) if opts.labels
                    else generate_verdicts(engine, requests, opts.verdict))
     real_ids = real_token_ids(engine)
     for group in batch:
@@ -183,28 +187,6 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
         yield judgments
 
 
-def _label_verdicts(batch: list[list[Trajectory]], prompts: dict, m: int) -> Iterator:
-    """One result per judged step (the order of `prompts`): m copies of the verdict that
-    is the step's label."""
-    from rlany.engines import Completion, Result
-    from rlany.prompts import VERDICT_CHOICES
-
-    steps = {t.traj_id: t.steps for g in batch for t in g}
-    for tid, judged in prompts.items():
-        for k, _ in judged:
-            text = VERDICT_CHOICES[(1, -1).index(steps[tid][k].info["label"])]
-            yield Result(prompt_token_ids=[], completions=[
-                Completion(text=text, token_ids=[], finish_reason="stop") for _ in range(m)])
-
-
-def _check_labels(traj: Trajectory, where: str) -> None:
-    """`--labels`: every step carries the env's label, +1 or -1 (checked at read)."""
-    for k, step in enumerate(traj.steps):
-        if step.info.get("label") not in (1, -1):
-            raise RlanyError(f"step {k} of '{traj.traj_id}' has no env label (info.label "
-                             "+1/-1), so --labels has no verdict for it", where=where)
-
-
 def unused(group: list[Trajectory], select: str) -> str | None:
     """Why `--select used` leaves this task's trajectories unjudged (None: judge them)."""
     if select == "all":
@@ -230,7 +212,9 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         check_fits,
         engine_flags,
         output_lock,
+        output_state,
         prepare_paths,
+        resumable_sides,
         start_engine,
     )
 
@@ -242,54 +226,66 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         raise UsageError("--labels writes the env's labels: no model, so no --adapter")
     check_adapter(opts.adapter)
     check_fits(opts, opts.adapter)
-    path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
+    seen = output_state(opts.output)  # re-checked once the lock is held
+    path = prepare_paths({"--input": opts.input}, {"--output": opts.output},
+                         resumable_sides(opts.output))["--input"]
     reader = JsonlReader(path, Trajectory, "trajectories", name=opts.input)
-    sizes = _check_input(reader, opts.labels)
+    sizes, steps = _check_input(reader, opts.labels, opts.last_step_only)
     keep, in_shard = shards.take(list(sizes), opts.batch_trajectories, shard, stage="judge",
                                  batch_flag="--batch-trajectories", unit="task groups",
                                  sizes=list(sizes.values()))
+    limits.check_verdicts(opts.m, sum(sizes[t] for t in keep), sum(steps[t] for t in keep),
+                          opts.batch_trajectories)
     engine = (NoModel("labels", "--labels: the env's step labels, no model") if opts.labels
               else engine or start_engine(opts))
     flags = engine_flags(opts, engine)
-    with output_lock(opts.output):
+    with output_lock(opts.output, seen=seen):
         out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
         if out.done:
             info(f"judge: resuming, {len(out.done)} tasks already judged")
         tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
         try:
-            tally = _judge_into(out, reader, engine, opts, set(keep) if shard else None)
+            tally = _judge_into(out, reader, engine, opts, set(keep) if shard else None,
+                                replayed(list(sizes), list(sizes.values()),
+                                         opts.batch_trajectories, set(out.done)))
         finally:
             out.close()
         out.finish()
-    counts = {**_judge_counts(tally.verdicts, tally.tests, out.count, engine, tokens0, secs0),
-              "skipped": tally.skipped,
-              # balanced accuracy against the env's step labels, on the steps judged here
-              "label_accuracy": balanced_accuracy(tally.by_label),
-              "labelled_verdicts": tally.by_label[1][0] + tally.by_label[-1][0], **in_shard}
-    write_meta(opts.output, stage="judge", flags=flags, inputs=[reader], counts=counts,
-               started=started, versions=GEN_VERSIONS)
+        counts = {**_judge_counts(tally.verdicts, tally.tests, out.count, engine, tokens0,
+                                  secs0), "skipped": tally.skipped,
+                  # balanced accuracy against the env's step labels, on the steps judged here
+                  "label_accuracy": balanced_accuracy(tally.by_label),
+                  "labelled_verdicts": tally.by_label[1][0] + tally.by_label[-1][0],
+                  **in_shard}
+        # under the lock: a writer waiting for it finds the output complete, sidecar too
+        write_meta(opts.output, stage="judge", flags=flags, inputs=[reader], counts=counts,
+                   started=started, versions=GEN_VERSIONS)
     info(_summary_line(counts, tally, opts.output, started))
     return counts
 
 
-def _check_input(reader: Iterable[tuple[str, Trajectory]], labels: bool) -> dict[str, int]:
+def _check_input(reader: Iterable[tuple[str, Trajectory]], labels: bool, last_only: bool
+                 ) -> tuple[dict[str, int], dict[str, int]]:
     """A malformed line, a task split in two or a trajectory id seen before fails here,
     before an engine is started (groups are judged and resumed by task, and matched by id);
     with `labels`, so does a step without the env's label. Returns each task's group size,
-    in input order."""
+    in input order, and its steps to judge (`last_only`: one a trajectory)."""
     from rlany.stages.pairing import groups
 
     ids: set[str] = set()
+    steps: dict[str, int] = {}
 
     def unique():
         for where, t in reader:
             if t.traj_id in ids:
                 raise RlanyError(f"duplicate trajectory '{t.traj_id}'", where=where)
             if labels:
-                _check_labels(t, where)
+                check_labels(t, where)
             ids.add(t.traj_id)
+            steps[t.task_id] = steps.get(t.task_id, 0) + min(len(t.steps), 1 if last_only
+                                                              else len(t.steps))
             yield where, t, None
-    return {g[0][1].task_id: len(g) for g in groups(unique())}
+    return {g[0][1].task_id: len(g) for g in groups(unique())}, steps
 
 
 @dataclass
@@ -314,9 +310,10 @@ class _Tally:
 
 
 def _judge_into(out: ResumableJsonl, reader: Iterable[tuple[str, Trajectory]], engine: Engine,
-                opts: JudgeOptions, keep: set[str] | None = None) -> _Tally:
-    """Judge the tasks `out` has not written yet (of `keep`, a shard's, where given), writing
-    each task's judgments as one group (after its trajectories when `out` streams)."""
+                opts: JudgeOptions, keep: set[str] | None, replay: set[str]) -> _Tally:
+    """Judge the tasks `out` has not written yet (of `keep`, a shard's, where given; with
+    the rest of their batches, `replay`), writing each task's judgments as one group
+    (after its trajectories when `out` streams)."""
     from rlany.console import progress
 
     done = set(out.done)
@@ -326,7 +323,7 @@ def _judge_into(out: ResumableJsonl, reader: Iterable[tuple[str, Trajectory]], e
 
     def todo():
         for _, t in reader:
-            if t.task_id not in done and (keep is None or t.task_id in keep):
+            if t.task_id in replay and (keep is None or t.task_id in keep):
                 outcomes[t.traj_id] = t.outcome
                 labels[t.traj_id] = [s.info.get("label") for s in t.steps]
                 if out.stream:
@@ -336,6 +333,10 @@ def _judge_into(out: ResumableJsonl, reader: Iterable[tuple[str, Trajectory]], e
     with progress("judge", None) as bar:
         for group in judge(todo(), engine, opts, {"model": engine.model,
                                                   "adapter": opts.adapter}):
+            if group[0].task_id in done:  # judged again with its batch, written before
+                for j in group:
+                    outcomes.pop(j.traj_id, None), labels.pop(j.traj_id, None)
+                continue
             passed = [held.pop(j.traj_id) for j in group] if out.stream else []
             out.write_group(group[0].task_id, [*passed, *group])
             if opts.mode == "unit-tests":

@@ -36,23 +36,25 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
+from rlany import limits
 from rlany.chat import text_of, user_content
 from rlany.engines import (
     Completion,
     Engine,
     NoModel,
     Request,
-    Result,
     Sampling,
     real_token_ids,
     stable_seed,
 )
-from rlany.envs import Environment, split_obs
-from rlany.errors import RlanyError, UsageError
+from rlany.envs import EnvBusy, Environment, split_obs
+from rlany.errors import RlanyError
 from rlany.options import EngineFields, opt
 from rlany.records import Step, Task, Trajectory, traj_id
 from rlany.shards import shard_opt
 from rlany.stages.episode_errors import MAX_ERROR_SHARE, EnvFailed, ErrorBudget, errored, watched
+from rlany.stages.expert import check_expert, expert_result, has_expert
+from rlany.stages.resume import replayed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,12 +62,13 @@ class EpisodeFields(EngineFields):
     """How episodes are played: the fields `rollout` and `eval` share (eval plays the
     same episodes on held-out tasks, with its own defaults for n and temperature)."""
 
-    n: int = opt(8, "Episodes per task.", min=1)
-    max_steps: int = opt(1, "Turns per episode at most.", min=1)
-    max_tokens: int = opt(256, "Max new tokens per response.", min=1)
+    n: int = opt(8, "Episodes per task.", min=1, max=limits.MAX_SAMPLES)
+    max_steps: int = opt(1, "Turns per episode at most.", min=1, max=limits.MAX_STEPS)
+    max_tokens: int = opt(256, "Max new tokens per response.", min=1, max=limits.MAX_TOKENS)
     temperature: float = opt(1.0, "Sampling temperature.", min=0)
     top_p: float = opt(1.0, "Nucleus sampling top-p.", min=0, max=1, min_exclusive=True)
-    batch_tasks: int = opt(16, "Tasks whose episodes step together.", min=1)
+    batch_tasks: int = opt(16, "Tasks whose episodes step together.", min=1,
+                           max=limits.MAX_BATCH)
     history_turns: int | None = opt(None, "Keep the task message plus the last K turns in the "
                                     "prompt (default: all).", min=0)
     constrain_actions: bool = opt(False, "Decode every response as exactly one of the env's "
@@ -152,9 +155,14 @@ def rollout(tasks: Iterable[Task], engine: Engine, make_env: Callable[[str], Env
 
 def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Environment],
                opts: RolloutOptions, policy: dict) -> Iterator[list[Trajectory]]:
-    episodes = [_start(task, k, make_env) for task in tasks for k in range(opts.n)]
+    episodes: list[_Episode] = []
+    waiting = [(task, k) for task in tasks for k in range(opts.n)]
     real_ids = real_token_ids(engine)  # the fake engine's ids are made up
-    for turn in range(opts.max_steps):
+    while True:  # an env busy with live episodes' sessions (EnvBusy) waits for one to end
+        while waiting and (started := _start(*waiting[0], make_env, may_wait=any(
+                e.finish is None for e in episodes))) is not None:
+            episodes.append(started)
+            waiting.pop(0)
         live = [e for e in episodes if e.finish is None]
         if not live:
             break
@@ -170,10 +178,12 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
         requests = [Request(messages=_window(g[0].messages, opts.history_turns),
                             sampling=replace(opts.sampling, n=len(g), choices=choices[id(g[0])],
                                              seed=stable_seed(opts.seed, g[0].task.task_id,
-                                                             opts.iteration, turn, g[0].sample)),
+                                                             opts.iteration, len(g[0].steps),
+                                                             g[0].sample)),
                             adapter=opts.adapter) for g in members]
-        results = ([_expert_result(g, opts, turn) for g in members] if opts.expert
-                   else engine.generate(requests))
+        results = ([expert_result(g, opts, len(g[0].steps), _choices(g[0]) if
+                                  opts.expert_p is not None else ()) for g in members]
+                   if opts.expert else engine.generate(requests))
         for group, result in zip(members, results):
             for e, completion in zip(group, result.completions):
                 e.prompt_tokens += len(result.prompt_token_ids)
@@ -182,43 +192,11 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
         for e in live:
             if e.finish is None and len(e.steps) >= opts.max_steps:
                 e.finish = "max_steps"
+            if e.finish is not None and hasattr(e.env, "close"):
+                e.env.close()  # its tab or session is free for a waiting episode
     for task in tasks:
         group = [e for e in episodes if e.task.task_id == task.task_id]
         yield [_trajectory(e, opts, policy) for e in group]
-
-
-def _has_expert(task: Task, mixed: bool = False) -> None:
-    """`--expert`: every task's env must have one, and with `--expert-p` list its actions
-    (checked at read, with the line)."""
-    from rlany import envs
-
-    env = envs.make_env(task.env)
-    if not isinstance(env, envs.HasExpert):
-        raise RlanyError(f"environment '{task.env}' has no expert (no expert_action() "
-                         "method), so --expert cannot be used with it")
-    if mixed and not isinstance(env, envs.ListsActions):
-        raise RlanyError(f"environment '{task.env}' does not list its actions (no choices() "
-                         "method), so --expert-p has no random actions to mix in")
-
-
-def _expert_result(group: list[_Episode], opts: RolloutOptions, turn: int) -> Result:
-    """The env's expert action for each episode of a group (episodes in one state): the
-    same plan for all, or with `expert_p` each episode's own draw between the expert's
-    action and a random admissible one. No model, no token ids."""
-    import random
-
-    expert = group[0].env.expert_action() or ""  # no plan from here: empty, rejected
-    texts = [expert] * len(group)
-    if opts.expert_p is not None:
-        actions = _choices(group[0])
-        texts = []
-        for e in group:
-            rng = random.Random(stable_seed(opts.seed, e.task.task_id, opts.iteration, turn,
-                                            e.sample, "expert_p"))
-            texts.append(expert if expert and rng.random() < opts.expert_p
-                         else rng.choice(actions))
-    return Result(prompt_token_ids=[], completions=[
-        Completion(text=t, token_ids=[], finish_reason="stop") for t in texts])
 
 
 def _choices(e: _Episode) -> tuple[str, ...]:
@@ -230,12 +208,15 @@ def _choices(e: _Episode) -> tuple[str, ...]:
     return tuple(e.env.choices())
 
 
-def _start(task: Task, sample: int, make_env: Callable[[str], Environment]) -> _Episode:
+def _start(task: Task, sample: int, make_env: Callable[[str], Environment],
+           may_wait: bool = False) -> _Episode | None:
     env = make_env(task.env)
     episode = _Episode(task=task, sample=sample, env=env, messages=[])
     try:
         obs, images = split_obs(env.reset(task))
     except Exception as e:  # a broken task must not take the batch down with it
+        if isinstance(e, EnvBusy) and may_wait:
+            return None
         episode.finish, episode.error = "error", f"reset: {type(e).__name__}: {e}"
         return episode
     first = f"{task.prompt}\n\n{obs}" if task.prompt else obs
@@ -305,8 +286,8 @@ def _trajectory(e: _Episode, opts: RolloutOptions, policy: dict) -> Trajectory:
 
 def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     """Read tasks, roll out (resuming a partial output), write trajectories + sidecar."""
-    from rlany import envs, shards
-    from rlany.console import info, progress
+    from rlany import shards
+    from rlany.console import info
     from rlany.outputs import ResumableJsonl, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
@@ -314,72 +295,90 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
         begin_generation,
         engine_flags,
         output_lock,
+        output_state,
         resolved_engine,
+        resumable_sides,
     )
 
     started = time.time()
     shard = shards.parse(opts.shard)
-    if opts.expert and (engine is not None or opts.adapter):
-        raise UsageError("--expert plays the env's expert: no model, so no --adapter")
-    if opts.expert_p is not None and not opts.expert:
-        raise UsageError("--expert-p mixes the expert with random actions: it needs --expert")
-    if opts.expert and opts.expert_p is None and opts.n != 1:
-        raise UsageError(f"--expert plays one deterministic plan per task: --n {opts.n} would "
-                         "repeat it; use --n 1 (or --expert-p to mix in random actions)")
+    check_expert(opts, engine)
     if opts.expert:
         engine = NoModel("expert", "--expert: the env's shortest plan, no model")
-    tasks, reader, engine = begin_generation(
-        opts, {"--output": opts.output}, engine,
-        check=(lambda t: _has_expert(t, opts.expert_p is not None)) if opts.expert else None)
-    input_tasks, tasks = len(tasks), sample_tasks(tasks, opts)
-    tasks, in_shard = shards.take(tasks, opts.batch_tasks, shard, stage="rollout",
-                                  batch_flag="--batch-tasks")
+    seen = output_state(opts.output)  # re-checked once the lock is held
+
+    def pick(tasks: list[Task]) -> tuple:  # a sample, then a shard: what this run plays
+        chosen, in_shard = shards.take(sample_tasks(tasks, opts), opts.batch_tasks, shard,
+                                       stage="rollout", batch_flag="--batch-tasks")
+        limits.check_episodes(opts.n, len(chosen), opts.batch_tasks, "rollout")
+        return chosen, in_shard, len(tasks)
+    (tasks, in_shard, input_tasks), reader, engine = begin_generation(
+        opts, {"--output": opts.output}, engine, sides=resumable_sides(opts.output), pick=pick,
+        check=(lambda t: has_expert(t, opts.expert_p is not None)) if opts.expert else None)
     flags = engine_flags(opts, engine)
-    with output_lock(opts.output):
+    stats = engine.stats
+    calls0, tokens0, secs0 = stats.calls, stats.completion_tokens, stats.seconds
+    with output_lock(opts.output, seen=seen):
         out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
-        done = set(out.done)
-        todo = [t for t in tasks if t.task_id not in done]
-        if done:
-            info(f"rollout: resuming, {len(done)} of {len(tasks)} tasks already done")
-        budget = ErrorBudget(opts.max_error_share, expected=out.count + len(todo) * opts.n,
-                             first_batch=min(opts.batch_tasks, len(todo)),
-                             env_of={t.task_id: t.env for t in todo})
-        if done and not out.stream:
-            budget.resumed(out.partial)
-        stats = engine.stats
-        calls0, tokens0, secs0 = stats.calls, stats.completion_tokens, stats.seconds
-        successes = total = errors = 0
-        try:
-            with progress("rollout", len(todo)) as bar:
-                for group in watched(rollout(todo, engine, envs.make_env, opts,
-                                             {"model": engine.model, "adapter": opts.adapter}),
-                                     budget):
-                    out.write_group(group[0].task_id, group)
-                    successes += sum(t.outcome == 1 for t in group)
-                    errors += sum(errored(t) for t in group)
-                    total += len(group)
-                    bar.advance()
-        except EnvFailed:
-            out.close()
-            if (budget.resumed_errors + errors or not out.count) and not out.stream:
-                # empty, or its errored episodes would be resumed as done: start over
-                out.partial.unlink(missing_ok=True)
-                out.index.unlink(missing_ok=True)
-            raise
-        finally:
-            out.close()
+        played = _play_into(out, tasks, engine, opts)
         out.finish()
-    tokens, seconds = stats.completion_tokens - tokens0, stats.seconds - secs0
-    counts = {"tasks": len(tasks), "input_tasks": input_tasks, "trajectories": out.count,
-              "new_trajectories": total, "errored": budget.errors,
-              "success_rate": successes / max(total - errors, 1), "completion_tokens": tokens,
-              "generate_calls": stats.calls - calls0, "generate_seconds": round(seconds, 3),
-              **adapter_checks(engine), **in_shard}
-    write_meta(opts.output, stage="rollout", flags=flags, inputs=[reader], counts=counts,
-               started=started, versions=GEN_VERSIONS)
-    info(f"rollout: {total} trajectories for {len(todo)} tasks, success {successes}/"
-         f"{total - errors}{f' ({errors} errored, not counted)' if errors else ''}; "
+        tokens, seconds = stats.completion_tokens - tokens0, stats.seconds - secs0
+        counts = {"tasks": len(tasks), "input_tasks": input_tasks, "trajectories": out.count,
+                  "new_trajectories": played["total"], "errored": played["errored"],
+                  "success_rate": played["successes"] / max(played["ran"], 1),
+                  "completion_tokens": tokens, "generate_calls": stats.calls - calls0,
+                  "generate_seconds": round(seconds, 3), **adapter_checks(engine), **in_shard}
+        # under the lock: a writer waiting for it finds the output complete, sidecar too
+        write_meta(opts.output, stage="rollout", flags=flags, inputs=[reader], counts=counts,
+                   started=started, versions=GEN_VERSIONS)
+    errors = played["total"] - played["ran"]
+    info(f"rollout: {played['total']} trajectories for {played['tasks']} tasks, success "
+         f"{played['successes']}/{played['ran']}"
+         f"{f' ({errors} errored, not counted)' if errors else ''}; "
          f"{tokens} tokens, {tokens / seconds if seconds else 0:.0f} tokens/s "
          f"[{resolved_engine(flags)}] -> {opts.output} "
          f"({time.time() - started:.1f}s)")
     return counts
+
+
+def _play_into(out, tasks: list[Task], engine: Engine, opts: RolloutOptions) -> dict:
+    """Roll out the tasks `out` does not hold yet, writing each task's group as it is done;
+    too many errored episodes fail here (`EnvFailed`). Returns what was played: tasks,
+    trajectories (`total`), those that `ran` (not errored), successes, and `errored`, the
+    output's errored episodes (a resumed part included)."""
+    from rlany import envs
+    from rlany.console import info, progress
+
+    done = set(out.done)
+    replay = replayed([t.task_id for t in tasks], [1] * len(tasks), opts.batch_tasks, done)
+    play = [t for t in tasks if t.task_id in replay]  # whole batches (stages.resume)
+    todo = [t for t in play if t.task_id not in done]
+    first = sum(t.task_id not in done for t in play[:opts.batch_tasks])  # its first batch
+    if done:
+        info(f"rollout: resuming, {len(done)} of {len(tasks)} tasks already done")
+    budget = ErrorBudget(opts.max_error_share, expected=out.count + len(todo) * opts.n,
+                         first_batch=first, env_of={t.task_id: t.env for t in todo})
+    if done and not out.stream:
+        budget.resumed(out.partial)
+    successes = total = errors = 0
+    try:
+        with progress("rollout", len(todo)) as bar:
+            played = rollout(play, engine, envs.make_env, opts,
+                             {"model": engine.model, "adapter": opts.adapter})
+            for group in watched((g for g in played if g[0].task_id not in done), budget):
+                out.write_group(group[0].task_id, group)
+                successes += sum(t.outcome == 1 for t in group)
+                errors += sum(errored(t) for t in group)
+                total += len(group)
+                bar.advance()
+    except EnvFailed:
+        out.close()
+        if (budget.resumed_errors + errors or not out.count) and not out.stream:
+            # empty, or its errored episodes would be resumed as done: start over
+            out.partial.unlink(missing_ok=True)
+            out.index.unlink(missing_ok=True)
+        raise
+    finally:
+        out.close()
+    return {"tasks": len(todo), "total": total, "ran": total - errors,
+            "successes": successes, "errored": budget.errors}

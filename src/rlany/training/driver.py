@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlany.console import info
-from rlany.errors import NoSamples, RlanyError
+from rlany.errors import NoSamples, RlanyError, UsageError
 from rlany.training.fields import TrainFields
 
 
@@ -42,7 +42,14 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
     copy. Nothing to learn from is `NoSamples`, raised before the model loads."""
     from rlany.compat import resolve_dtype
     from rlany.models import resolve_model
-    from rlany.stageio import check_adapter, check_lora_targets, output_lock, prepare_paths
+    from rlany.stageio import (
+        check_adapter,
+        check_lora_targets,
+        lock_path,
+        output_lock,
+        prepare_paths,
+    )
+    from rlany.training.state import side_dirs
 
     started = time.time()
     out = Path(opts.output)
@@ -54,7 +61,10 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
     if opts.adapter and not opts.full:
         check_adapter(opts.adapter)
     check_kl_ref(getattr(opts, "kl_ref", "pre-update"))
-    path = prepare_paths({"--input": opts.input}, {"--output": opts.output})["--input"]
+    # every file it writes beside the checkpoint, checked as -o is: before the model loads
+    sides = {"--output": [("metrics", metrics_file(out), False), *side_dirs(out),
+                          ("lock", lock_path(out), False)]}
+    path = prepare_paths({"--input": opts.input}, {"--output": opts.output}, sides)["--input"]
     opts, plan = plan_for(opts, path)
     high = _check_samples(path, opts, plan)
     opts = replace(opts, dtype=resolve_dtype(opts.dtype))
@@ -83,8 +93,8 @@ def check_kl_ref(ref: str, name: str = "--kl-ref", in_loop: bool = False) -> Non
     from rlany.stageio import check_adapter
     from rlany.training.fields import KL_REFS
 
-    if ref == "init" and not in_loop:
-        raise RlanyError("--kl-ref init names a loop run's first policy; outside a loop "
+    if ref == "init" and not in_loop:  # a flag's value that only a loop gives meaning to
+        raise UsageError("--kl-ref init names a loop run's first policy; outside a loop "
                          "give pre-update, base or an adapter directory")
     if ref not in (*KL_REFS, "init"):
         check_adapter(ref, name)
@@ -147,7 +157,7 @@ def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
         if not samples:
             raise NoSamples(f"no training samples: all {dropped} longer than --max-len "
                             f"{opts.max_len}", where=opts.input)
-        metrics_path = out.with_name(out.name + ".metrics.jsonl")
+        metrics_path = metrics_file(out)
         lines: list[str] = []
 
         def log(record: dict) -> None:
@@ -172,6 +182,11 @@ def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
             f"{opts.max_len} tokens), {'full' if opts.full else 'LoRA'} on {base}, "
             f"{opts.dtype}{' with fp32 master weights' if fp32_master else ''}{where}")
         return train(samples, net, tokenizer, opts, out, meta, log, objective=plan.objective)
+
+
+def metrics_file(out: Path) -> Path:
+    """`OUT.metrics.jsonl`: one line per optimizer step, rewritten whole after each."""
+    return out.with_name(out.name + ".metrics.jsonl")
 
 
 def _can_borrow(engine, base: str, opts: TrainFields) -> bool:

@@ -18,7 +18,14 @@ import os
 import shutil
 from pathlib import Path
 
+from rlany._testhook import pause
 from rlany.errors import RlanyError
+
+
+def side_dirs(output: Path) -> list[tuple[str, Path, bool]]:
+    """The directories a trainer fills beside OUT (`stageio.check_paths` checks them)."""
+    return [("partial state", output.with_name(output.name + ".partial"), True),
+            ("temp checkpoint", output.with_name(output.name + ".tmp"), True)]
 
 
 def save_trainable_only(acc, model) -> None:
@@ -103,6 +110,7 @@ def save_state(acc, partial: Path, step: int, meta: dict, plan: str | None = Non
         for old in partial.glob("step-*"):
             if old.name != f"step-{step}":
                 shutil.rmtree(old, ignore_errors=True)
+        pause("state")  # a test hook (rlany._testhook): the kill test stops here
 
 
 def load_state(acc, partial: Path, step: int) -> None:
