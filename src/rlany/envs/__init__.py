@@ -19,6 +19,10 @@ verdicts against these labels. Such an env may also offer `expert_action() -> st
 the next action of a shortest plan from the current state; `rlany rollout --expert` plays it
 to write demonstrations for `rlany sft` (a warm start).
 A module may also offer `make_tasks(n, seed, **knobs) -> list[Task]`.
+An env may offer `close()`: release what the episode holds (a browser tab, a server's
+session); rollout calls it when the episode ends. An env whose episodes share a limited
+resource (a server's sessions) raises `EnvBusy` from `reset` while this process's live
+episodes hold all of it: rollout starts that episode again once another has ended.
 
 Image observations (GUI agents, e.g. OSWorld-like): `reset` may return an `Observation`
 (text plus image file paths, e.g. screenshots) instead of a string, and `StepResult.images`
@@ -41,6 +45,12 @@ from typing import Protocol, runtime_checkable
 
 from rlany.errors import RlanyError
 from rlany.records import Task
+
+
+class EnvBusy(RlanyError):
+    """`reset` cannot start the episode until another episode of this process ends (they
+    hold every session its server allows): not an error of the episode, which rollout
+    starts again later and counts nowhere until then."""
 
 
 @dataclass(frozen=True)

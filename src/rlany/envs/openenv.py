@@ -1,9 +1,11 @@
-"""`openenv`: any OpenEnv environment server (HTTP + WebSocket, `openenv-core`'s format).
+"""`openenv`: any OpenEnv environment server (HTTP + WebSocket: `openenv` 0.10's server, and
+the older `openenv-core`'s).
 
 spec:
-    {"url": "http://HOST:PORT" (a running server; ws:// works too)
+    {"url": "http://HOST:PORT[/PATH]" (a running server; ws:// works too)
        or "command": "python -m my_env.server --port 8011" (str or list) with "port": 8011
-           (started once per process, polled on /health, stopped when the process exits),
+           (started once per process, polled on /health, stopped when the process exits;
+           started again, said in one line on stderr, if it has exited),
      "reset": {...} (keyword arguments of the server's reset, e.g. {"seed": 3}; default {}),
      "action_field": the action field the response fills (default: the only field of the
            server's action schema, GET /schema, besides `metadata`),
@@ -33,47 +35,58 @@ Outcome: the server's `done` ends the episode; success when the last reward
 `reward` (null where the server gave none, or did not take the action) and `return` (the sum
 so far, null = 0), `rejected` when the server refused the action: `score --outcome return`.
 Observation text: spec.obs_field, else the only field, else "name: value" lines (null
-fields left out); the admissible actions are listed under it (numbered, unless they are
-numbers themselves).
+fields and an empty `metadata` left out); the admissible actions are listed under it
+(numbered, unless they are numbers themselves).
+
+Tool envs (`openenv_tools`): a server whose action is MCP's CallToolAction (an openenv
+`MCPEnvironment`) is played through its tools: the first observation lists them (name,
+arguments from each input schema, description), and each response is decoded into one call,
+`name(arg="value")` or {"tool": name, "arguments": {...}}. A response that is no call to a
+listed tool (or misses a required argument) is not sent, and a call the server's tool
+refuses is not taken: either is shown back in one line and the episode goes on.
+`--constrain-actions` decodes exactly one call where every tool's required arguments are
+enums or booleans (the calls are then listed in full).
 
 Failures are one line, never a hang: a server that is down fails the episode at reset
 ("cannot reach the server at URL"; later episodes for 10 s fail at once without waiting);
 one that does not answer within timeout_s, or answers with something that is not an
 OpenEnv message, or a reward that is not a finite number (NaN, infinity), fails the
-episode at that step (finish "error"); text with lone surrogates (invalid UTF-8) is
-repaired with U+FFFD, said once per server (`openenv_wire.repair_text`). Rollout holds
-one session per live episode (--batch-tasks x --n), so give the server
-(max_concurrent_envs) at least that many: a server full of this process's own sessions
-fails the episode at once (they end with the batch); one full of other clients' is asked
-again for up to timeout_s, counted in the first step's info["session_retries"].
+episode at that step (finish "error"), as does a server that ends the session
+(SESSION_ERROR, with its message); text with lone surrogates (invalid UTF-8) is repaired
+with U+FFFD, said once per server (`openenv_wire.repair_text`).
 
-`rlany envs make-tasks openenv --knob url=URL` (or --knob command=... --knob port=N; knob
-`spec` a JSON object of other spec keys, `prefix`, `prompt`): n episodes of that server,
-each reset with its own seed.
+Sessions: an episode holds one session; a server allows max_concurrent_envs at once
+(openenv's default: 1). When this stage's live episodes hold them all (the server refuses
+with CAPACITY_REACHED, naming its max_sessions), the next episode waits, not counted
+anywhere, and starts when one ends (rollout: `EnvBusy`): the stage plays within the limit
+and says so once on stderr. A server full of other clients' sessions is asked again for up
+to timeout_s, counted in the first step's info["session_retries"].
+
+Tasks: `rlany envs make-tasks openenv --knob url=URL` (or --knob command=... --knob port=N;
+`spec` a JSON object of other spec keys, `prefix`, `prompt`): n episodes, each reset with
+its own seed; with `--knob server_split=NAME`, the server's own tasks of that split (its
+Task API), each reset with {"split": NAME, "index": I} (`openenv_tasks`).
 
 The client (`openenv_wire`) speaks OpenEnv's WebSocket protocol with `websockets` rather
-than through openenv-core's own client; why is said there. Needs `pip install
-'rlany[openenv]'` (in `make install`).
+than through openenv's own client; why is said there. Needs `pip install 'rlany[openenv]'`
+(in `make install`).
 """
 
 from __future__ import annotations
 
 import json
-import random
 import re
 import time
 import weakref
 
-from rlany.envs import Observation, StepResult, parse_action
+from rlany.envs import EnvBusy, Observation, StepResult, parse_action
+from rlany.envs import openenv_tools as tools
 from rlany.envs import openenv_wire as wire
+from rlany.envs.openenv_tasks import PROMPT, make_tasks, spec_problems  # noqa: F401 (CLI)
 from rlany.errors import RlanyError
-from rlany.records import Lineage, Task
+from rlany.records import Task
 
-PROMPT = "You are acting in an environment. Each turn, answer with exactly one action."
 CHOICE_FIELDS = ("legal_actions", "available_actions", "valid_actions", "admissible_actions")
-KEYS = {"url", "command", "port", "reset", "action_field", "action_json", "obs_field",
-        "choices_field", "image_fields", "images", "success_on", "success_above", "timeout_s",
-        "start_timeout_s", "final_obs", "description"}
 _said: set[str] = set()
 
 
@@ -83,6 +96,7 @@ class OpenenvEnv:
     def __init__(self) -> None:
         self.session: wire.Session | None = None
         self.options: dict | None = None  # admissible action text -> the server's value
+        self.tools: list[tools.Tool] | None = None  # a tool env's tools
         self._closer = None
         self.spec: dict = {}
 
@@ -96,32 +110,14 @@ class OpenenvEnv:
         timeout = float(spec.get("timeout_s", 30))
         url = spec.get("url") or wire.start_server(spec["command"], spec["port"],
                                                    float(spec.get("start_timeout_s", 60)))
-        self.retries, self.total, self.steps = 0, 0.0, 0
-        deadline = time.monotonic() + timeout
-        while True:
-            self.session = _say(lambda: wire.Session(url, timeout))
-            self._closer = weakref.finalize(self, self.session.close)
-            try:
-                data = self.session.call({"type": "reset", "data": spec.get("reset", {})},
-                                         "reset")
-                break
-            except wire.ServerError as e:
-                self.close()
-                base = wire.http_base(url)
-                # full with sessions of this process: they end only after this batch
-                ours = e.code == "CAPACITY_REACHED" and wire.held.get(base, 0) > 0
-                if e.code != "CAPACITY_REACHED" or ours or time.monotonic() > deadline:
-                    raise _once(f"openenv: the server at {base} refused the session "
-                                f"({e.code}): {e.message}" +
-                                ("; this stage's episodes hold sessions there: run fewer at "
-                                 "once (--batch-tasks x --n) or raise its max_concurrent_envs"
-                                 if ours else "")) from None
-                self.retries += 1
-                time.sleep(min(0.05 * 2 ** self.retries, 1.0))
+        self.retries, self.total, self.steps, self.tools = 0, 0.0, 0, None
+        data = self._open(url, timeout)
         if data.get("done"):
             self.close()
             raise RlanyError("openenv: the server ended the episode at reset")
         self.field, self.kind = self._action_field(url, timeout)
+        if self.kind == "tools":
+            self.tools = self._list_tools()
         text, images = self._observe(data)
         return Observation(text=text, images=images) if images else text
 
@@ -138,6 +134,11 @@ class OpenenvEnv:
         try:
             data = self.session.call({"type": "step", "data": value}, "a step")
         except wire.ServerError as e:
+            if e.code not in wire.GOES_ON:  # SESSION_ERROR and the like: the session is over
+                url = self.session.url
+                self.close()
+                raise _once(f"openenv: the server at {url} ended the session ({e.code}): "
+                            f"{e.message}") from None
             info["rejected"] = f"{e.code}: {e.message}"
             return self._again(f"The server rejected the action: {e.message}", info)
         except RlanyError as e:
@@ -151,8 +152,13 @@ class OpenenvEnv:
             raise _once(f"openenv: the rewards of the server at {url} sum to {self.total}, "
                         "not a finite number: the episode cannot be scored")
         info.update(reward=reward, **{"return": self.total})
+        done, obs = bool(data.get("done")), data.get("observation") or {}
+        refused = tools.show_result(obs)[1] if self.tools is not None and "tool_name" in obs \
+            and not done else None
+        if refused:
+            info["rejected"] = refused
+            return self._again(f"The tool call failed: {refused}", info, reward)
         text, images = self._observe(data)
-        done = bool(data.get("done"))
         success = False
         if done:
             self.close()
@@ -174,55 +180,15 @@ class OpenenvEnv:
         return f"{what} (served at {where}).{reset}"
 
     def validate(self, spec: dict) -> list[str]:
-        if not isinstance(spec, dict):
-            return ["spec must be an object"]
-        problems = []
-        url, command, port = spec.get("url"), spec.get("command"), spec.get("port")
-        if (url is None) == (command is None):
-            problems.append("give spec.url (a running server) or spec.command and spec.port "
-                            "(a server to start), one of them")
-        if url is not None and not (isinstance(url, str)
-                                    and re.fullmatch(r"(https?|wss?)://[^\s/]+(/\S*)?", url)):
-            problems.append(f"spec.url must be http(s):// or ws(s)://HOST:PORT, got {url!r:.60}")
-        if command is not None:
-            if not (isinstance(command, str) and command.strip()) and not (
-                    isinstance(command, list) and command
-                    and all(isinstance(c, str) for c in command)):
-                problems.append("spec.command must be a non-empty string or list of strings")
-            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-                problems.append("spec.command needs spec.port, an integer in 1..65535")
-        elif port is not None:
-            problems.append("spec.port goes with spec.command (put the port in spec.url)")
-        if not isinstance(spec.get("reset", {}), dict):
-            problems.append("spec.reset must be an object (the server's reset arguments)")
-        for key in ("action_field", "obs_field", "choices_field", "description"):
-            if not isinstance(spec.get(key, ""), str):
-                problems.append(f"spec.{key} must be a string")
-        if not isinstance(spec.get("action_json", False), bool):
-            problems.append("spec.action_json must be true or false")
-        elif spec.get("action_json") and "action_field" in spec:
-            problems.append("give spec.action_field or spec.action_json, not both")
-        fields = spec.get("image_fields", [])
-        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
-            problems.append("spec.image_fields must be a list of field names")
-        if spec.get("images", "observe") not in ("observe", "record"):
-            problems.append("spec.images must be observe or record")
-        if spec.get("final_obs", "hide") not in ("hide", "show"):
-            problems.append("spec.final_obs must be hide or show")
-        if spec.get("success_on", "last") not in ("last", "sum"):
-            problems.append("spec.success_on must be last or sum")
-        for key, default, low, high in (("success_above", 0, -1e9, 1e9),
-                                        ("timeout_s", 30, 0.01, 3600),
-                                        ("start_timeout_s", 60, 0.01, 3600)):
-            v = spec.get(key, default)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:
-                problems.append(f"spec.{key} must be a number in {low:g}..{high:g}")
-        unknown = set(spec) - KEYS
-        if unknown:
-            problems.append(f"unknown spec keys {sorted(unknown)}")
-        return problems
+        return spec_problems(spec)
 
     def choices(self) -> list[str]:
+        if self.tools is not None:
+            try:
+                return tools.calls(self.tools)
+            except tools.BadCall as e:
+                raise RlanyError(f"openenv: --constrain-actions cannot be used with this "
+                                 f"server's tools: {e}") from None
         if self.options is None:
             raise RlanyError("openenv: the server's observation lists no admissible actions "
                              "(name the field in spec.choices_field), so --constrain-actions "
@@ -235,9 +201,50 @@ class OpenenvEnv:
             self._closer()
             self._closer, self.session = None, None
 
+    # -- the session -------------------------------------------------------------------
+    def _open(self, url: str, timeout: float) -> dict:
+        """A session on the server and its answer to the reset. A server full of this
+        process's own sessions raises EnvBusy (they end as their episodes do); one full of
+        other clients' is asked again until timeout_s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.session = _say(lambda: wire.Session(url, timeout))
+            self._closer = weakref.finalize(self, self.session.close)
+            try:
+                return self.session.call({"type": "reset", "data": self.spec.get("reset", {})},
+                                         "reset")
+            except wire.ServerError as e:
+                self.close()
+                base = wire.http_base(url)
+                if e.code == "CAPACITY_REACHED" and wire.held.get(base, 0) > 0:
+                    raise _busy(base, e) from None
+                if e.code != "CAPACITY_REACHED" or time.monotonic() > deadline:
+                    raise _once(f"openenv: the server at {base} refused the session "
+                                f"({e.code}): {e.message}") from None
+                self.retries += 1
+                time.sleep(min(0.05 * 2 ** self.retries, 1.0))
+
+    def _list_tools(self) -> list[tools.Tool]:
+        url = self.session.url
+        try:
+            data = self.session.call({"type": "step", "data": {"type": "list_tools"}},
+                                     "list_tools")
+        except wire.ServerError as e:
+            self.close()
+            raise _once(f"openenv: the server at {url} did not list its tools ({e.code}): "
+                        f"{e.message}") from None
+        found = tools.read_tools(data.get("observation") or {})
+        if not found:
+            self.close()
+            raise _once(f"openenv: the server at {url} takes tool calls but lists no tools")
+        return found
+
     # -- observations and actions ------------------------------------------------------
     def _observe(self, data: dict) -> tuple[str, tuple[str, ...]]:
-        obs = {k: v for k, v in (data.get("observation") or {}).items() if v is not None}
+        obs = {k: v for k, v in (data.get("observation") or {}).items()
+               if v is not None and not (k == "metadata" and not v)}
+        if set(obs) == {"metadata"} and isinstance(obs["metadata"], dict):
+            obs = obs["metadata"]  # an env that says everything in metadata (MCP envs)
         spec = self.spec
         self.screens_before = getattr(self, "screens", ())
         self.screens = tuple(p for f in spec.get("image_fields", [])
@@ -246,9 +253,13 @@ class OpenenvEnv:
             (f for f in CHOICE_FIELDS if isinstance(obs.get(f), list)), None)
         listed = obs.pop(name, None) if name else None
         self.options = None
-        if isinstance(listed, list) and listed:
+        if isinstance(listed, list) and listed and self.tools is None:
             self.options = {_show(v): v for v in listed}
-        if spec.get("obs_field"):
+        if self.tools is not None and "tool_name" in obs:  # the answer to a call
+            text = tools.show_result(obs)[0]
+            obs = {k: v for k, v in obs.items() if k not in ("tool_name", "result", "error")}
+            text = "\n".join([text] * bool(text) + [f"{k}: {_show(v)}" for k, v in obs.items()])
+        elif spec.get("obs_field"):
             text = _show(obs.get(spec["obs_field"], ""))
         elif len(obs) == 1:
             text = _show(next(iter(obs.values())))
@@ -259,21 +270,25 @@ class OpenenvEnv:
             text += ("\nAdmissible actions: " + ", ".join(names) if _numeric(names) else
                      "\nAdmissible actions:\n" + "\n".join(f"{i}. {a}"
                                                           for i, a in enumerate(names, 1)))
+        if self.tools is not None and self.steps == 0:
+            text += "\n\n" + tools.menu(self.tools)
         self.text = text
         return text, (self.screens if spec.get("images", "observe") == "observe" else ())
 
-    def _again(self, note: str, info: dict) -> StepResult:
+    def _again(self, note: str, info: dict, reward=None) -> StepResult:
         """A step the server did not take: the same observation, the episode goes on."""
         images = self.screens if self.spec.get("images", "observe") == "observe" else ()
         return StepResult(obs=f"{note}\n{self.text}", done=False, success=False, action=None,
-                          info={**info, "reward": None, "return": self.total}, images=images)
+                          info={**info, "reward": reward, "return": self.total}, images=images)
 
     def _action_field(self, url: str, timeout: float) -> tuple[str | None, str]:
         if self.spec.get("action_json"):
             return None, "object"
         schema = wire.action_schema(url, timeout)
-        props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
         name = self.spec.get("action_field")
+        if name is None and tools.is_tool_schema(schema):
+            return None, "tools"
+        props = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
         if name is None:
             if len(props) != 1:
                 self.close()
@@ -289,11 +304,18 @@ class OpenenvEnv:
     def _parse(self, response: str) -> tuple[str | None, dict | None, str | None]:
         """(action text, the step's data, why it is invalid)."""
         lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
+        if self.tools is not None:
+            try:
+                name, arguments = tools.parse(response, self.tools)
+            except tools.BadCall as e:
+                return None, None, str(e)
+            return tools.call_text(name, arguments), {"type": "call_tool", "tool_name": name,
+                                                      "arguments": arguments}, None
         if self.spec.get("action_json"):
-            found = _last_json_object(response)
-            if found is None:
+            found = tools.json_objects(response)
+            if not found:
                 return None, None, "the response holds no JSON object"
-            return json.dumps(found), found, None
+            return json.dumps(found[-1]), found[-1], None
         if self.options is not None:
             last = lines[-1].rstrip(".") if lines else ""
             if last not in self.options and not _numeric(list(self.options)):
@@ -325,18 +347,6 @@ def _convert(text: str, kind: str):
     return text
 
 
-def _last_json_object(text: str) -> dict | None:
-    decoder = json.JSONDecoder()
-    for m in reversed([m.start() for m in re.finditer(r"\{", text)]):
-        try:
-            found, _ = decoder.raw_decode(text, m)
-        except ValueError:
-            continue
-        if isinstance(found, dict):
-            return found
-    return None
-
-
 def _show(v) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
@@ -359,38 +369,19 @@ def _once(message: str) -> RlanyError:
     return RlanyError(message)
 
 
+def _busy(base: str, e: wire.ServerError) -> EnvBusy:
+    """The server is full of this process's sessions: the episode waits (said once)."""
+    limit = e.data.get("max_sessions")
+    _once(f"openenv: the server at {base} serves {limit or 'a limited number of'} "
+          "session(s) at once (its max_concurrent_envs), all held by this stage's "
+          "episodes: the others wait for one to end (serve more sessions to play more at "
+          "once)")
+    return EnvBusy(f"openenv: the server at {base} is full with this stage's "
+                   f"{wire.held.get(base, 0)} session(s) ({e.message})")
+
+
 def _say(connect):
     try:
         return connect()
     except RlanyError as e:
         raise _once(e.message) from None
-
-
-def make_tasks(n: int, seed: int, url: str = "", command: str = "", port: int = 0,
-               spec: str | dict | None = None, split: str = "train", prefix: str = "oe",
-               prompt: str = PROMPT) -> list[Task]:
-    """n episodes of one server, each reset with its own seed (spec.reset.seed, drawn from
-    --seed): the server is given by url, or by command and port; `spec` (a JSON object, or
-    its text as `--knob spec=JSON` gives it) adds any other spec key to every task (e.g.
-    {"action_field": "message"})."""
-    hint = "--knob url=http://HOST:PORT, or --knob command=... --knob port=N"
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except ValueError as e:
-            raise RlanyError(f"openenv tasks: spec is not JSON ({e})",
-                             hint="e.g. --knob 'spec={\"action_field\": \"message\"}'") from None
-    if not isinstance(spec or {}, dict):
-        raise RlanyError("openenv tasks: spec must be a JSON object", hint=hint)
-    base = {**({"url": url} if url else {}), **({"command": command, "port": port}
-                                                if command else {}), **(spec or {})}
-    problems = OpenenvEnv().validate(base)
-    if problems:
-        raise RlanyError(f"openenv tasks: {'; '.join(problems)}", hint=hint)
-    rng, out = random.Random(seed), []
-    for k in range(n):
-        task_id = f"{prefix}-{seed}-{k:04d}"
-        task_spec = {**base, "reset": {**base.get("reset", {}), "seed": rng.randrange(2**31)}}
-        out.append(Task(task_id=task_id, env="openenv", spec=task_spec, prompt=prompt,
-                        lineage=Lineage(root_id=task_id), split=split))
-    return out

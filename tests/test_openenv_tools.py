@@ -1,0 +1,75 @@
+"""The `openenv` env's tool-call decoder (`openenv_tools`), without a server: both call forms,
+what makes a response no call, the listed calls for --constrain-actions, the menu the policy
+reads and the one-line tool error. test_openenv_package.py plays them on a real MCP env."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlany.envs.openenv_tools import (
+    BadCall,
+    calls,
+    json_objects,
+    menu,
+    parse,
+    read_tools,
+    show_result,
+)
+
+TOOLS = read_tools({"tools": [
+    {"name": "move", "description": "Move one step.\nMore text.",
+     "input_schema": {"type": "object", "additionalProperties": False, "required": ["dir"],
+                      "properties": {"dir": {"enum": ["n", "s"]},
+                                     "run": {"type": "boolean"}}}},
+    {"name": "get-note", "description": "", "inputSchema": {  # MCP's own key and name
+        "type": "object", "required": ["title"], "properties": {"title": {"type": "string"}}}},
+    {"name": "look", "description": "Look around.", "input_schema": {}}]})
+
+
+@pytest.mark.parametrize("response, call", [
+    ('move(dir="n")', ("move", {"dir": "n"})),
+    ("I go north.\nmove('n', run=true)", ("move", {"dir": "n", "run": True})),
+    ("think (hard) then move(dir='s')", ("move", {"dir": "s"})),
+    ('get-note(title="a (b)")', ("get-note", {"title": "a (b)"})),
+    ('{"tool": "move", "arguments": {"dir": "s", "run": false}}',
+     ("move", {"dir": "s", "run": False})),
+    ('{"name": "get-note", "arguments": "{\\"title\\": \\"x\\"}"}', ("get-note", {"title": "x"})),
+    ('{"tool": "get-note", "arguments": {"title": "t", "name": "look"}}',
+     ("get-note", {"title": "t", "name": "look"})),  # the outermost object is the call
+    ("look", ("look", {})),
+    ("**look**.", ("look", {})),
+])
+def test_both_call_forms_decode(response, call):
+    assert parse(response, TOOLS) == call
+
+
+@pytest.mark.parametrize("response, why", [
+    ("I am not sure.", "the response holds no tool call"),
+    ('jump(dir="n")', "no tool is named 'jump' (the tools: move, get-note, look)"),
+    ("move()", "move needs dir"),
+    ('move(dir="n", speed=3)', "move takes no argument 'speed' (it takes dir, run)"),
+    ("move(n)", "argument dir is not a literal value"),
+    ('move("n", True, 3)', "move takes 2 argument(s) by position (dir, run), got 3"),
+    ('{"tool": "move", "arguments": [1]}', "the call's arguments must be a JSON object"),
+])
+def test_what_is_no_call_is_said_in_one_line(response, why):
+    with pytest.raises(BadCall, match="^" + why.replace("(", r"\(").replace(")", r"\)")):
+        parse(response, TOOLS)
+
+
+def test_calls_menu_and_tool_errors():
+    with pytest.raises(BadCall, match="tool get-note's argument title is free text"):
+        calls(TOOLS)
+    assert calls([TOOLS[0], TOOLS[2]]) == ['move(dir="n")', 'move(dir="s")', "look()"]
+    assert menu(TOOLS).splitlines()[1:] == [
+        '- move(dir: "n" | "s", run: boolean (optional)): Move one step.',
+        "- get-note(title: string)", "- look(): Look around."]
+    assert json_objects('a {"x": {"y": 1}} b {"z": 2} {bad') == [{"x": {"y": 1}}, {"z": 2}]
+    error = {"error_type": "invalid_args", "message": "1 validation error\nx\n  Missing\n"
+             "    For further information visit https://errors.pydantic.dev"}
+    assert show_result({"error": error}) == ("", "invalid_args: 1 validation error x Missing")
+    ok = {"result": {"content": [{"type": "text", "text": "done"}], "is_error": False}}
+    assert show_result(ok) == ("done", None)
+    assert show_result({"result": {"content": [{"type": "text", "text": "no"}],
+                                   "is_error": True}}) == ("", "tool error: no")
+    assert show_result({"result": 7}) == ("7", None)
