@@ -58,7 +58,8 @@ del _stage
     "rlany loop examples/reasoning/loop.toml",
     "rlany loop examples/reasoning/loop.toml --name policy-only --no-rm-training "
     "--no-env-adaptation --no-step-feedback",
-    "rlany loop examples/household/learn.toml --name warm --set warm_start=true"))
+    "rlany loop examples/household/learn.toml --name warm --set warm_start=true",
+    "rlany loop examples/reasoning/loop.toml --print-plan > next.sh && bash next.sh"))
 def loop_cmd(
     config: Annotated[str, typer.Argument(help="A TOML run config (see examples/*/loop.toml).")],
     name: Annotated[Optional[str], typer.Option(help="Override the run name.")] = None,
@@ -78,6 +79,14 @@ def loop_cmd(
     set_: Annotated[Optional[list[str]], typer.Option(
         "--set", help="Override one config value, KEY=VALUE with a TOML value: a top-level "
         "key (eval_every=5) or TABLE.KEY (train_policy.lr=1e-4); repeatable.")] = None,
+    stop_after: Annotated[Optional[int], typer.Option(
+        "--stop-after", min=0, help="Stop once iteration N (0-based) is done; a later "
+        "run goes on from there.")] = None,
+    print_plan: Annotated[bool, typer.Option(
+        "--print-plan", help="A dry run: print what is left of the next iteration as a "
+        "bash script on stdout (its commands as the loop would run them, with [launch]'s "
+        "shards, servers and training launcher), and exit. Runs nothing, writes nothing; "
+        "the script, run as it is, does the iteration (stages/loop/README.md).")] = False,
 ) -> None:
     """Run the closed loop: rollout -> judge -> score -> train-policy -> train-rm ->
     adapt-tasks (+ eval), one directory per iteration under runs/NAME/. Rerunning the same
@@ -88,8 +97,19 @@ def loop_cmd(
                                    "runs_dir": runs_dir, "step_feedback": step_feedback,
                                    "rm_training": rm_training,
                                    "env_adaptation": env_adaptation}.items() if v is not None}
+    if print_plan and (one_stage or stop_after is not None):
+        raise UsageError(f"--print-plan runs nothing, so "
+                         f"{'--one-stage' if one_stage else '--stop-after'} does not go with "
+                         "it (a plan is the next iteration)")
     cfg = load_config(config, overrides, sets=set_ or [])
-    ran = Loop(cfg, config, one_stage=one_stage).run()
+    if print_plan:
+        from rlany.stages.loop_plan import Plan, loop_command
+
+        plan = Plan(cfg, loop_command(config, overrides, set_ or []))
+        Loop(cfg, config, plan=plan).run()
+        sys.stdout.write(plan.script())
+        return
+    ran = Loop(cfg, config, one_stage=one_stage, stop_after=stop_after).run()
     if ran:
         info(f"loop: stopped after {ran} (--one-stage); rerun for the next stage")
 

@@ -18,8 +18,11 @@ score), advantages.py (the standardization behind score's advantages), unit_test
 unit-tests mode: the judge's tests run on the programs, score's test rewards), critiques.py
 (adapt-tasks' critique summary), rewrites.py (adapt-tasks' proposals read, and the
 candidate tasks they become), eval_reuse.py (the base evaluation shared by the runs of one
-runs directory), loop_config.py, loop_stages.py (the loop's stage tables) and
-loop_metrics.py.
+runs directory), loop_config.py, loop_stages.py (the loop's stage tables),
+loop_metrics.py, loop_launch.py (training under `[launch] train`), loop_plan.py and
+loop_shards.py (`loop --print-plan`'s script and its sharded stages), expert.py (`rollout
+--expert`, `judge --labels`: the env's expert instead of a model) and resume.py (a killed
+rollout's or judge's batch played again whole).
 The shared trainer is `rlany.training`, the file plumbing `rlany.stageio`.
 """
 

@@ -34,6 +34,11 @@ model; with the hf engine, training borrows that same network (a third, trainabl
 added beside them and removed after saving), so the base weights are in memory once.
 Ablations are switches: `step_feedback` (false: outcome-only reward, lambda = 0),
 `rm_training`, `env_adaptation`.
+
+`[launch] train` runs the trainers under a launcher, in processes of their own, the engine
+closed meanwhile (`rlany.stages.loop_launch`). `--print-plan` runs nothing: the same walk
+through the stages writes the commands of what is left of the next iteration as a bash
+script (`rlany.stages.loop_plan`); `--stop-after N` stops once iteration N is done.
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from rlany.console import info
-from rlany.errors import NoSamples, RlanyError
+from rlany.errors import RlanyError
+from rlany.jsonl import meta_path
 from rlany.stages import BY_TABLE
 from rlany.stages.loop_config import LoopConfig, load_config
 from rlany.stages.loop_stages import (
@@ -66,14 +72,20 @@ __all__ = ["Loop", "LoopConfig", "load_config"]
 
 class Loop:
     """Runs the iterations of one config; every stage checks its own completion first.
-    With `one_stage`, it runs the next incomplete stage and returns its command."""
+    With `one_stage`, it runs the next incomplete stage and returns its command; with
+    `stop_after`, it stops once that iteration is done; with `plan` (a `loop_plan.Plan`) it
+    runs and writes nothing, and the plan takes each command down instead."""
 
-    def __init__(self, cfg: LoopConfig, config_path: str, one_stage: bool = False):
+    def __init__(self, cfg: LoopConfig, config_path: str, one_stage: bool = False,
+                 stop_after: int | None = None, plan: Any = None):
         self.one_stage = one_stage
+        self.stop_after = stop_after
+        self.plan = plan
         self.cfg = cfg
         self.dir = cfg.run_dir
         self.config_path = config_path
         self._engine = None
+        self._stopped: int | None = None  # the iteration `stop_after` stopped at
 
     def engine(self):
         """Started once, when the first generating stage has work to do."""
@@ -92,6 +104,8 @@ class Loop:
 
         if self.dir.exists() and not self.dir.is_dir():
             raise RlanyError("the run directory is a file", where=str(self.dir))
+        if self.plan is not None:  # nothing is written: no lock either
+            return self._run()
         self.dir.mkdir(parents=True, exist_ok=True)
         with output_lock(self.dir / "loop", busy="another `rlany loop` is running in this "
                          "run directory; wait for it or stop it"):
@@ -103,8 +117,11 @@ class Loop:
             ran = self.stage(stage, d, it, **io)
             if ran and self.one_stage:
                 return ran
-        self._write_metrics()
-        info(f"loop: {self.cfg.iterations} iterations complete in {self.dir}")
+        if self.plan is None:
+            self._write_metrics()
+            info(f"loop: stopped after iteration {self._stopped} (--stop-after) in {self.dir}"
+                 if self._stopped is not None else
+                 f"loop: {self.cfg.iterations} iterations complete in {self.dir}")
         return None
 
     def _stages(self) -> Iterator[tuple[Stage, Path, int, dict]]:
@@ -113,15 +130,16 @@ class Loop:
         its metrics after them); a caller that stops early leaves the rest undone."""
         if self.cfg.warm_start:  # first: an env without an expert fails before anything
             warm = self.dir / "warm_start"
-            warm.mkdir(exist_ok=True)
-            if src := share_warm_start(*(self.options(s, warm, 0) for s in WARM_START), warm):
+            self._mkdir(warm)
+            if self.plan is None and (src := share_warm_start(
+                    *(self.options(s, warm, 0) for s in WARM_START), warm)):
                 info(f"loop: warm start shared: {src} (same flags, pool, versions and model "
                      "content)")
             for stage in WARM_START:
                 yield stage, warm, 0, {}
         if self.cfg.judge_warm_start:
             warm = self.dir / "judge_warm_start"
-            warm.mkdir(exist_ok=True)
+            self._mkdir(warm)
             for stage in JUDGE_WARM_START:
                 yield stage, warm, 0, {}
         if self.cfg.eval_tasks:
@@ -133,7 +151,10 @@ class Loop:
                                                judge_adapter=eval_judge(self.cfg,
                                                                         self.init_rm))
         for it in range(self.cfg.iterations):
-            yield from self.iteration(it)
+            ran = yield from self.iteration(it)
+            if it == self.stop_after or (ran and self.plan is not None):
+                self._stopped = it if it == self.stop_after else None
+                return  # a plan is one iteration: the next depends on what this one makes
 
     def _init_run_dir(self) -> None:
         """Echo the resolved config into config.json, once it is checked against what the
@@ -151,15 +172,19 @@ class Loop:
         if echo.exists() and echo.read_text() != resolved and started:
             check_echo(echo, config, self.cfg.iterations)
         check_finished(self)
-        write_text_atomic(echo, resolved)
+        if self.plan is None:
+            write_text_atomic(echo, resolved)
 
     def iteration(self, it: int) -> Iterator[tuple[Stage, Path, int, dict]]:
-        """The stages of iteration `it` (none when its done.json exists)."""
+        """The stages of iteration `it` (none when its done.json exists); returns whether
+        there were any."""
         d = self.dir / f"iter_{it:03d}"
         if (d / "done.json").exists():
             info(f"loop: iteration {it} already complete")
-            return
-        d.mkdir(parents=True, exist_ok=True)
+            return False
+        self._mkdir(d)
+        if self.plan is not None:
+            self.plan.iteration = it
         self._pool(it, d)
         for stage in STAGES:
             if stage.enabled(self.cfg):
@@ -169,34 +194,69 @@ class Loop:
         last = it == self.cfg.iterations - 1
         if self.cfg.eval_tasks and ((it + 1) % self.cfg.eval_every == 0 or last):
             yield EVAL, d, it, {}
-        self._finish_iteration(d, it)
+        if self.plan is not None:
+            self.plan.finish(it)
+        else:
+            self._finish_iteration(d, it)
+        return True
 
     def stage(self, stage: Stage, d: Path, it: int, **io: Any) -> str | None:
-        """Run one stage unless complete: print its command, then run exactly that.
-        Returns the command it ran (None: the stage was complete)."""
-        from rlany.options import to_argv
-
+        """Run one stage unless complete: print its command, then run exactly that (a
+        trainer with nothing to learn from writes its `skipped` file instead of a
+        checkpoint). Returns the command it ran (None: complete, or only planned)."""
         command = BY_TABLE[stage.table]
         opts = self.options(stage, d, it, **io)
-        skipped = d / f"{stage.table}.skipped.json"
-        if stage.done(opts).exists() or skipped.exists():
+        if self.complete(stage, opts):
             info(f"loop: skip {command.name}: {opts.output} is complete")
             return None
-        info("loop: $ " + shlex.join(to_argv(command.name, opts)))
+        if self.plan is not None:
+            self.plan.stage(self, stage, d, it, io)
+            return None
+        from rlany.stages.loop_launch import command_line, run_launched
+
+        argv = command_line(self.cfg, command, opts)
+        info("loop: $ " + shlex.join(argv))
+        if argv[0] != "rlany":  # [launch] train: the trainer's own processes
+            self._release_engine()
+            run_launched(argv, command.name, str(opts.output),
+                         lambda: self.complete(stage, opts))
+            return command.name
         kw: dict[str, Any] = {}
         if command.engine == "generates" and stage.engine:
             kw["engine"] = self.engine()
         elif command.engine == "borrows":  # one model in memory: the engine's network
             kw["engine"] = self._engine
-        try:
-            command.run(opts, **kw)
-        except NoSamples as e:  # nothing to learn from this iteration: an answer
-            if not stage.may_skip:
-                raise
-            from rlany.outputs import write_text_atomic
-            info(f"loop: {command.name} skipped: {e.message}; the model stays as it was")
-            write_text_atomic(skipped, json.dumps({"reason": e.message}) + "\n")
+        command.run(opts, **kw)
         return command.name
+
+    def complete(self, stage: Stage, opts: Any) -> bool:
+        """A stage's output is complete: its sidecar or checkpoint, a trainer's `skipped`
+        file, or the joined outputs of a plan's shards (`loop_shards.adopt`, whose sidecar
+        the loop then writes). A plan looks without writing anything (no evaluation shared)."""
+        from rlany.stages.loop_shards import adopt
+
+        planning = self.plan is not None
+        done = meta_path(opts.output) if planning and stage is EVAL else stage.done(opts)
+        skipped = getattr(opts, "skipped", None)
+        return (done.exists() or bool(skipped and Path(skipped).exists())
+                or (stage.table in ("rollout", "judge") and adopt(opts.output, not planning)))
+
+    def _release_engine(self) -> None:
+        if self._engine is None:
+            return
+        from rlany.stages.loop_launch import free_memory
+
+        info("loop: engine closed, the launched trainer has the devices (the next stage "
+             "that generates starts it again)")
+        self._engine.close()
+        self._engine = None
+        free_memory()
+
+    def _mkdir(self, d: Path) -> None:
+        if self.plan is not None:
+            self.plan.mkdir(d)
+        else:
+            d.mkdir(parents=True, exist_ok=True)
 
     def options(self, stage: Stage, d: Path, it: int, **io: Any) -> Any:
         """The options `stage` runs with in directory `d` of iteration `it`."""
@@ -238,6 +298,8 @@ class Loop:
         return str(out)
 
     def _copy(self, src: Path, dst: Path, *more: Path) -> None:
+        if self.plan is not None:
+            return self.plan.copy([src, *more], dst)
         info("loop: $ " + shlex.join(["cat", str(src), *map(str, more)]) + " > "
              + shlex.quote(str(dst)))
         tmp = dst.with_name(f".{dst.name}.tmp")
@@ -265,6 +327,10 @@ class Loop:
                 continue  # no samples that iteration: the model stayed as it was
             if (ckpt / "rlany.json").exists():
                 self._check_checkpoint(ckpt, kind)
+                return str(ckpt)
+            if self.plan is not None and it == self.plan.iteration:  # the plan trains it
+                if kind in self.plan.assume_skipped:
+                    continue
                 return str(ckpt)
             if (d / f"{kind}.pruned").exists():
                 raise RlanyError(f"the {kind} checkpoint this iteration needs was pruned",

@@ -13,6 +13,7 @@ from typing import Any
 
 from rlany.errors import RlanyError, UsageError
 from rlany.stages import BY_TABLE
+from rlany.stages.loop_launch import Launch, parse_launch
 
 
 def _run_keys() -> dict[str, Any]:
@@ -53,6 +54,8 @@ class LoopConfig:
     rm_buffer: int = 1
     run: dict[str, Any] = field(default_factory=dict)  # model, engine, seed, ... as given
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)  # [stage] key -> value
+    # [launch]: how training runs (a launcher), and what --print-plan starts (loop_launch)
+    launch: Launch = field(default_factory=Launch)
     path: str = "loop.toml"
 
     @staticmethod
@@ -60,7 +63,8 @@ class LoopConfig:
         """The loop's own top-level keys and their types (the fields above); the run keys
         (model, engine, seed, ...) come from the stages' options classes (scope "run")."""
         hints = typing.get_type_hints(LoopConfig)
-        return {k: v for k, v in hints.items() if k not in ("run", "tables", "path")}
+        return {k: v for k, v in hints.items()
+                if k not in ("run", "tables", "launch", "path")}
 
     @property
     def run_dir(self) -> Path:
@@ -143,8 +147,11 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
     top: dict[str, Any] = {}
     run: dict[str, Any] = {}
     sections: dict[str, dict] = {}
+    launch = Launch()
     for key, value in raw.items():
-        if key in tables:
+        if key == "launch":
+            launch = parse_launch(value, path)
+        elif key in tables:
             if not isinstance(value, dict):
                 raise RlanyError(f"[{key}] must be a table", where=path)
             sections[key] = dict(value)
@@ -155,7 +162,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
         else:
             raise RlanyError(f"unknown key '{key}'", where=path,
                              hint=f"top-level keys: {', '.join([*loop_keys, *run_keys])}; "
-                             f"tables: {', '.join(tables)}")
+                             f"tables: {', '.join(tables)}, launch")
     for required in ("name", "tasks"):
         if required not in top:
             raise RlanyError(f"missing '{required}'", where=path)
@@ -163,7 +170,8 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
         if top.get(key, 1) < 1:
             raise RlanyError(f"'{key}' must be >= 1, got {top[key]}", where=path)
     _check_name(top["name"], path)
-    cfg = LoopConfig(**top, run=run, tables=sections, path=path)
+    cfg = LoopConfig(**top, run=run, tables=sections, launch=launch, path=path)
+    _check_launch(cfg)
     if cfg.init_policy:
         _check_init_policy(cfg)
     if cfg.warm_start:
@@ -207,6 +215,26 @@ def _check_files(cfg: LoopConfig) -> None:
         if directory.exists() and not directory.is_dir():
             raise RlanyError(f"{str(directory)!r} is a file, not a directory", where=cfg.path,
                              hint="'runs_dir' (and runs_dir/name) must be directories")
+
+
+def _check_launch(cfg: LoopConfig) -> None:
+    """[launch] against the engine: a plan's shards are one per endpoint of an openai engine
+    with several; its servers are an openai engine's."""
+    from rlany.engines.endpoints import split_urls
+
+    engine, launch = cfg.run.get("engine"), cfg.launch
+    urls = split_urls(cfg.run.get("base_url")) if engine == "openai" else []
+    if len(urls) > 1 and launch.shards not in (None, len(urls)):
+        raise RlanyError(f"'[launch] shards' = {launch.shards}, but the openai engine has "
+                         f"{len(urls)} endpoints: a plan runs one shard per endpoint",
+                         where=cfg.path, hint="leave shards out")
+    if launch.serve is not None and engine != "openai":
+        raise RlanyError(f"'[launch] serve' starts the servers of an openai engine; the "
+                         f"engine is {engine or 'auto'}", where=cfg.path,
+                         hint='engine = "openai" with base_url = "http://127.0.0.1:8000/v1,..."')
+    if launch.serve is not None and not urls:
+        raise RlanyError("'[launch] serve' needs base_url: the endpoints to start",
+                         where=cfg.path)
 
 
 def _init_rank(cfg: LoopConfig) -> int:
@@ -284,9 +312,9 @@ def _apply_set(raw: dict[str, Any], item: str) -> None:
         value = text.strip()
     table, _, name = key.rpartition(".")
     if table:
-        if table not in TABLES:
+        if table not in TABLES and table != "launch":
             raise UsageError(f"--set {item!r}: no table [{table}]",
-                             hint=f"tables: {', '.join(TABLES)}")
+                             hint=f"tables: {', '.join(TABLES)}, launch")
         section = raw.setdefault(table, {})
         if not isinstance(section, dict):
             raise UsageError(f"--set {item!r}: [{table}] is not a table")

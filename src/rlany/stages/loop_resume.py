@@ -12,7 +12,9 @@ where a finished stage was made otherwise, or where a stage ran that the config 
 runs. Either refusal is one line naming the first differing key, so a deleted or
 hand-edited `config.json` cannot make the loop skip stages made under another config and go
 on under the new one. Not seen without `config.json`: keys that reach no stage's options
-(keep_last, eval_every, rm_buffer, init_policy: the paths and adapters are the loop's)."""
+(keep_last, eval_every, rm_buffer, init_policy: the paths and adapters are the loop's).
+Never compared: `[launch]` (how the stages run: a run may move to another launcher) and
+the `base_url` a finished stage recorded (a `--print-plan` shard records its own endpoint)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 CHANGED = "this run directory was started with a different config"
 HINT = "use a new name, or restore the config (only iterations may be raised)"
 # what switches a stage of an iteration off (loop_stages.STAGES' `enabled`)
+# how a run is run, not what it computes: a run may move to another launcher or machine
+HOW = ("launch",)
 SWITCHES = {"judge": "step_feedback / rm_training / env_adaptation", "train_rm": "rm_training",
             "adapt_tasks": "env_adaptation"}
 
@@ -52,7 +56,9 @@ def check_echo(echo: Path, config: dict, iterations: int) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)
                 if f.default is not dataclasses.MISSING}
     more = iterations >= old.get("iterations", iterations)
-    then = {**{k: defaults[k] for k in config.keys() - old.keys() if k in defaults}, **old,
+    config = {k: v for k, v in config.items() if k not in HOW}
+    then = {**{k: defaults[k] for k in config.keys() - old.keys() if k in defaults},
+            **{k: v for k, v in old.items() if k not in HOW},
             **({"iterations": iterations} if more else {})}
     key = _first_difference(then, config)
     if key is not None:
@@ -194,11 +200,13 @@ def _differs(opts: Any, recorded: dict, engine_named: bool) -> str | None:
     the config gives (a key the record lacks, from an older rlany, is not compared). A
     generating stage's sidecar (`engine_named`) records the model as its engine names it
     (a served model's name, a resolved directory): the model is compared in checkpoints,
-    which record it as the config gave it."""
+    which record it as the config gave it. `base_url` is where the stage generated, not
+    what: a shard (`--print-plan`) records its own endpoint."""
     from rlany.options import specs
 
     for key, (_, _, spec) in specs(type(opts)).items():
-        if spec.scope == "io" or key not in recorded or (key == "model" and engine_named):
+        if spec.scope == "io" or key not in recorded or key == "base_url" or (
+                key == "model" and engine_named):
             continue
         want, got = _plain(getattr(opts, key)), recorded[key]
         if want == got or want == "auto" or (key == "model" and _same_model(want, got)):

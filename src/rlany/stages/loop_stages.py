@@ -25,7 +25,8 @@ class Stage:
     engine: bool = True  # a generating command gets the engine (False: it needs none here)
     # values that win over the config's table (the table's own values win over `io`)
     forced: Callable[[Loop], dict] = lambda lp: {}
-    # a trainer with nothing to learn from (NoSamples) is skipped: the model stays as it was
+    # a trainer with nothing to learn from is skipped, the model staying as it was: the loop
+    # passes `--skipped DIR/TABLE.skipped.json`, which the trainer writes (`skip_file`)
     may_skip: bool = False
     config: str | None = None  # the config table, when not `table` (loop_config.EXTRA_TABLES)
 
@@ -59,6 +60,11 @@ def _kl_init(lp: Loop, table: str) -> dict:
     return {"kl_ref": first or "base"}
 
 
+def skip_file(d: Path, table: str) -> str:
+    """Where a training stage of iteration directory `d` says it had nothing to learn from."""
+    return f"{d}/{table}.skipped.json"
+
+
 def _pending(loop: Loop, it: int) -> str | None:
     prev = loop.dir / f"iter_{it - 1:03d}" / "candidates.jsonl"
     return str(prev) if it > 0 and prev.exists() else None
@@ -77,10 +83,12 @@ STAGES = (
         judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None)),
     Stage("train_policy", _ckpt, lambda lp, d, it: dict(
         input=f"{d}/scored.jsonl", output=f"{d}/policy", adapter=lp.latest("policy", it),
-        iteration=it), may_skip=True, forced=lambda lp: _kl_init(lp, "train_policy")),
+        iteration=it, skipped=skip_file(d, "train_policy")), may_skip=True,
+        forced=lambda lp: _kl_init(lp, "train_policy")),
     Stage("train_rm", _ckpt, lambda lp, d, it: dict(
         input=lp.rm_input(d, it), output=f"{d}/rm", adapter=lp.latest("rm", it),
-        iteration=it), enabled=lambda cfg: cfg.rm_training, may_skip=True,
+        iteration=it, skipped=skip_file(d, "train_rm")), enabled=lambda cfg: cfg.rm_training,
+        may_skip=True,
         forced=lambda lp: _kl_init(lp, "train_rm")),
     Stage("adapt_tasks", _meta, lambda lp, d, it: dict(
         input=f"{d}/tasks.jsonl", stats=f"{d}/task_stats.jsonl",

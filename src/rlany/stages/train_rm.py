@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rlany.console import info
 from rlany.options import opt
-from rlany.stages.train_policy import TrainOptions
+from rlany.stages.train_policy import TrainOptions, or_skipped
 from rlany.training.verdict import OBJECTIVES as VERDICT_OBJECTIVES
 
 
@@ -47,7 +47,7 @@ def run(opts: TrainRmOptions, engine=None, say: Callable[[str], None] = info) ->
     whose network is borrowed where it holds this base model (`rlany.training.driver`)."""
     from rlany.training.driver import run_trainer
 
-    return run_trainer(opts, _plan, say=say, engine=engine)
+    return or_skipped(opts, lambda: run_trainer(opts, _plan, say=say, engine=engine), say)
 
 
 def _plan(opts: TrainRmOptions, path: Path):

@@ -1,0 +1,176 @@
+"""The loop config's `[launch]` table: how the training stages run, and what the plan that
+`rlany loop CONFIG --print-plan` writes starts (`rlany.stages.loop_plan`).
+
+    [launch]
+    train = "accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml"
+    shards = 8                  # --print-plan: each generation stage as 8 shard processes
+    serve = "vllm serve --gpu-memory-utilization 0.85"  # --print-plan: the openai servers
+
+`train`, a launcher: the loop runs train-policy, train-rm and sft as the subprocess
+`TRAIN -m rlany COMMAND FLAGS` (the line it prints), and closes its own engine first, so
+that the devices are the trainer's; the next stage that generates starts the engine again
+(on the hf engine, training then loads its own copy of the base model instead of borrowing
+the engine's). Launchers: `accelerate launch ...`, `torchrun ...`, `python -m
+torch.distributed.run ...` or a plain `python` (one process), optionally after `srun ...`
+(one launcher per node under Slurm). Nothing to learn from is the trainer's answer, not a
+failure: the loop passes `--skipped FILE`, the trainer (its first process) writes that file
+and exits 0, and the loop goes on with the model as it was. Any other exit, or a signal,
+fails the loop in one line; rerun it: the trainer resumes from its last saved step.
+The line is split as a shell would split it, but nothing in it is expanded.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlany.errors import RlanyError
+
+HINT = ("e.g. train = \"accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml\" or "
+        "\"torchrun --nproc_per_node 8\" (the loop adds -m rlany COMMAND FLAGS)")
+PYTHON_LAUNCHERS = (["-m", "torch.distributed.run"], ["-m", "accelerate.commands.launch"])
+
+
+@dataclass(frozen=True)
+class Launch:
+    train: str | None = None  # the launcher of the training stages; None: in the loop
+    shards: int | None = None  # the plan's shards per generation stage (default: endpoints)
+    serve: str | None = None  # the plan starts `SERVE MODEL ...` per openai endpoint
+
+
+KEYS = {"train": str, "shards": int, "serve": str}
+
+
+def parse_launch(raw: Any, where: str) -> Launch:
+    """`[launch]` of a config, checked: known keys, their types, a launcher the loop knows."""
+    from rlany.options import typed
+
+    if not isinstance(raw, dict):
+        raise RlanyError("[launch] must be a table", where=where)
+    for key, value in raw.items():
+        if key not in KEYS:
+            raise RlanyError(f"unknown key '{key}' in [launch]", where=where,
+                             hint=f"known: {', '.join(KEYS)}")
+        typed(f"[launch] {key}", value, KEYS[key], where)
+    launch = Launch(**raw)
+    if launch.train is not None:
+        launcher(launch.train, where)
+    if launch.shards is not None and launch.shards < 1:
+        raise RlanyError(f"'[launch] shards' must be >= 1, got {launch.shards}", where=where)
+    if launch.serve is not None and not _split(launch.serve, "serve", where):
+        raise RlanyError("'[launch] serve' is empty", where=where,
+                         hint="e.g. serve = \"vllm serve\"")
+    return launch
+
+
+def _split(line: str, key: str, where: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as e:
+        raise RlanyError(f"'[launch] {key}' cannot be split into words: {e}",
+                         where=where) from None
+
+
+def _is_launcher(word: str) -> bool:
+    name = Path(word).name
+    return name in ("accelerate", "torchrun") or name.startswith("python")
+
+
+def launcher(line: str, where: str) -> list[str]:
+    """The words of `[launch] train`, refused unless a known launcher (module doc) that is
+    on this machine and gives no module or script of its own."""
+    argv = _split(line, "train", where)
+    if not argv:
+        raise RlanyError("'[launch] train' is empty", where=where, hint=HINT)
+    start = 0
+    if Path(argv[0]).name == "srun":
+        start = next((i for i, w in enumerate(argv) if i and _is_launcher(w)), 0)
+    program, rest = Path(argv[start]).name, argv[start + 1:]
+    if not start and not _is_launcher(argv[0]):
+        raise RlanyError(f"'[launch] train': {argv[0]!r} is not a launcher the loop knows "
+                         "(accelerate launch, torchrun, python -m torch.distributed.run, "
+                         "python; optionally after srun)", where=where, hint=HINT)
+    if program == "accelerate":
+        if rest[:1] != ["launch"]:
+            raise RlanyError("'[launch] train': accelerate needs its `launch` command",
+                             where=where, hint=HINT)
+        rest = rest[1:]
+    elif program.startswith("python"):
+        if rest[:2] in PYTHON_LAUNCHERS:
+            rest = rest[2:]
+        elif rest:
+            raise RlanyError(f"'[launch] train': {program} takes no arguments here but "
+                             "-m torch.distributed.run ... (or nothing: one process)",
+                             where=where, hint=HINT)
+    own = [w for w in rest if w in ("-m", "--module", "rlany") or w.endswith(".py")]
+    if own:
+        raise RlanyError(f"'[launch] train' names a program of its own ({own[0]!r}): give "
+                         "the launcher only; the loop adds -m rlany COMMAND FLAGS",
+                         where=where, hint=HINT)
+    if shutil.which(argv[0]) is None:
+        raise RlanyError(f"'[launch] train': {argv[0]!r} is not on this machine (PATH)",
+                         where=where, hint="install it, or give its full path")
+    return argv
+
+
+def command_line(cfg: Any, command: Any, opts: Any) -> list[str]:
+    """A stage's command line: `rlany COMMAND FLAGS`; a trainer's under `[launch] train`
+    `LAUNCHER -m rlany COMMAND FLAGS`."""
+    from rlany.options import to_argv
+
+    argv = to_argv(command.name, opts)
+    if command.engine == "borrows" and cfg.launch.train:
+        return [*launcher(cfg.launch.train, cfg.path), "-m", "rlany", *argv[1:]]
+    return argv
+
+
+def run_launched(argv: list[str], name: str, where: str, done: Callable[[], bool]) -> None:
+    """Run a launched trainer to its end: it must exit 0 having written its checkpoint or
+    its `skipped` file (`done()`). Anything else is one line; an interrupted loop stops its
+    trainer too (it resumes on the next run)."""
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        raise RlanyError(f"{name}: cannot start {argv[0]!r}: {e.strerror}", where=where,
+                         hint="check [launch] train") from None
+    try:
+        code = proc.wait()
+    except BaseException:  # Ctrl-C or SIGTERM: the trainer stops too, it resumes later
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    if code == 0:
+        if not done():
+            raise RlanyError(f"{name} under [launch] train exited 0 but wrote neither its "
+                             "checkpoint nor its --skipped file", where=where)
+        return
+    try:
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else \
+            f"exited with code {code}"
+    except ValueError:
+        how = f"was killed by signal {-code}"
+    raise RlanyError(f"{name} under [launch] train {how}", where=where,
+                     hint="its own error is above; rerun the loop: training resumes from "
+                     "its last saved step")
+
+
+def free_memory() -> None:
+    """After the loop dropped its closed engine: collect it, and give its GPU memory back
+    (vLLM's engine process has exited; the hf engine's network is garbage)."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")  # imported only where an engine loaded it
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,230 @@
+"""`rlany loop CONFIG --print-plan`: what is left of the next iteration, as a bash script.
+
+The loop walks its stages as it would to run them (`Loop` with a `Plan`), but runs and
+writes nothing (a dry run): each stage still to do becomes its command line, exactly the
+one the loop would print and run, each byte copy of a pool a guarded `cat`. The script
+
+* stops at the first failure (`set -euo pipefail`) and skips every step whose output is
+  complete (the loop's own completion rule), so a failed script is rerun as it is;
+* runs the trainers under `[launch] train` as the loop does (`LAUNCHER -m rlany ...`);
+* runs rollout, judge and eval as N shard processes at once (`rlany.stages.loop_shards`):
+  one per endpoint of an openai engine with several (`--base-url` the shard's own), or
+  `[launch] shards = N` with another engine (shard I sees GPU I); joined with `cat`, or
+  `rlany eval --join` for eval;
+* with `[launch] serve` (an openai engine), starts one server per endpoint before the
+  first stage that generates (`SERVE MODEL --port PORT --enable-lora ...`, GPU K for the
+  K-th endpoint of a host; a host other than this one through `ssh`), waits for each to
+  answer, and stops them before training and on exit, so that they never hold the devices
+  while a trainer runs;
+* ends with `rlany loop CONFIG ... --stop-after N`, which finds every stage complete,
+  writes the iteration's done.json and metrics.jsonl, prunes, and runs nothing.
+
+A training stage may find nothing to learn from (it writes its `skipped` file): a stage
+after it that starts from the newest checkpoint (the iteration's evaluation) is then
+written once per case, chosen when the script runs (`if [ -e ...skipped.json ]`).
+A plan is one iteration: the next one's commands depend on what this one makes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+from dataclasses import replace
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from rlany.jsonl import meta_path
+from rlany.stages.loop_shards import SHARDED, shard_paths
+
+q = shlex.quote
+KINDS = {"train_policy": "policy", "train_rm": "rm"}  # a trainer's table -> latest() kind
+
+
+def loop_command(config: str, overrides: dict[str, Any], sets: list[str]) -> list[str]:
+    """`rlany loop CONFIG` with the command line's overrides, as given."""
+    argv = ["rlany", "loop", config]
+    for key, value in overrides.items():
+        if isinstance(value, bool):
+            argv.append(f"--{'' if value else 'no-'}{key.replace('_', '-')}")
+        else:
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    for item in sets:
+        argv += ["--set", item]
+    return argv
+
+
+class Plan:
+    """The script, built as the loop walks its stages (`Loop(..., plan=Plan(...))`)."""
+
+    def __init__(self, cfg: Any, loop_argv: list[str]):
+        from rlany.engines.endpoints import split_urls
+
+        self.cfg, self.loop_argv = cfg, loop_argv
+        self.lines: list[str] = []
+        self.iteration: int | None = None  # the iteration being planned (Loop.latest)
+        self.assume_skipped: frozenset[str] = frozenset()  # kinds whose training is skipped
+        self.trained: list[tuple[str, str]] = []  # (kind, skipped file) this plan trains
+        self._made: set[str] = set()  # directories and copies already in the script
+        engine = cfg.run.get("engine")
+        self.urls = split_urls(cfg.run.get("base_url")) if engine == "openai" else []
+        self.shards = len(self.urls) if len(self.urls) > 1 else (cfg.launch.shards or 1)
+        self.serve = cfg.launch.serve
+        self._serving = False
+
+    # -- what the loop hands over --------------------------------------------------------
+    def mkdir(self, d: Path) -> None:
+        if str(d) not in self._made:
+            self._made.add(str(d))
+            self.lines.append(f"mkdir -p {q(str(d))}")
+
+    def copy(self, srcs: list[Path], dst: Path) -> None:
+        """The loop's byte copy (`Loop._copy`), moved into place whole."""
+        if str(dst) in self._made:
+            return
+        self._made.add(str(dst))
+        tmp = q(str(dst.with_name(f".{dst.name}.tmp")))
+        self.lines.append(f"[ -e {q(str(dst))} ] || {{ cat {' '.join(q(str(s)) for s in srcs)}"
+                          f" > {tmp} && mv {tmp} {q(str(dst))}; }}")
+
+    def stage(self, loop: Any, stage: Any, d: Path, it: int, io: dict) -> None:
+        """One stage's lines; once per case where a training before it may be skipped."""
+        from rlany.stages import BY_TABLE
+
+        command = BY_TABLE[stage.table]
+        self._devices(command.engine == "generates" and stage.engine,
+                      command.engine == "borrows")
+        cases = []
+        for n in range(len(self.trained) + 1):
+            for skipped in combinations(self.trained, n):
+                self.assume_skipped = frozenset(kind for kind, _ in skipped)
+                opts = loop.options(stage, d, it, **io)
+                cases.append((skipped, self._commands(loop, stage, command, opts)))
+        self.assume_skipped = frozenset()
+        if len({tuple(lines) for _, lines in cases}) == 1:
+            self.lines += cases[0][1]
+        else:
+            self.lines += self._cases(cases)
+        if stage.may_skip:
+            self.trained.append((KINDS[stage.table], opts.skipped))
+
+    def finish(self, it: int) -> None:
+        if self._serving:
+            self.lines.append("stop_servers")
+            self._serving = False
+        self.lines.append(f"# iteration {it}'s stages are complete: its done.json and "
+                          "metrics.jsonl (runs no stage)")
+        self.lines.append(shlex.join([*self.loop_argv, "--stop-after", str(it)]))
+
+    # -- the script ----------------------------------------------------------------------
+    def script(self) -> str:
+        head = ["#!/usr/bin/env bash",
+                f"# What is left of the next iteration of {self.cfg.run_dir}, printed by",
+                f"#   {shlex.join([*self.loop_argv, '--print-plan'])}",
+                "# Each step is skipped when its output is complete: rerun it as it is after "
+                "a failure.",
+                "set -euo pipefail", f"cd {q(os.getcwd())}"]
+        if not self.lines:
+            return "\n".join([*head, f"# nothing to run: all {self.cfg.iterations} "
+                              "iterations are done"]) + "\n"
+        return "\n".join([*head, *(self._servers() if self.serve else []), *self.lines]) + "\n"
+
+    def _commands(self, loop: Any, stage: Any, command: Any, opts: Any) -> list[str]:
+        from rlany.stages.loop_launch import command_line
+
+        line = shlex.join(command_line(self.cfg, command, opts))
+        if command.engine == "borrows":
+            return [f"[ -e {q(str(stage.done(opts)))} ] || "
+                    + (f"[ -e {q(opts.skipped)} ] || " if stage.may_skip else "") + line]
+        if self.shards > 1 and stage.table in SHARDED and stage.engine:
+            return self._sharded(stage, command, opts)
+        done = meta_path(opts.output) if stage.table == "eval" else stage.done(opts)
+        return [f"[ -e {q(str(done))} ] || {line}"]
+
+    def _sharded(self, stage: Any, command: Any, opts: Any) -> list[str]:
+        """N shard processes at once, then their join (`rlany.stages.loop_shards`)."""
+        from rlany.options import to_argv
+
+        out, n = Path(opts.output), self.shards
+        parts = shard_paths(out, n)
+        lines = [f"mkdir -p {q(str(parts[0].parent))}", "pids=()"]
+        for i, part in enumerate(parts):
+            shard = replace(opts, shard=f"{i}/{n}", output=str(part),
+                            **({"base_url": self.urls[i]} if self.urls else {}))
+            gpu = "" if self.urls else f"CUDA_VISIBLE_DEVICES={i} "
+            lines.append(f"{{ [ -e {q(str(meta_path(part)))} ] || {gpu}"
+                         f"{shlex.join(to_argv(command.name, shard))}; }} & pids+=($!)")
+        lines.append('for pid in "${pids[@]}"; do wait "$pid"; done')
+        files = " ".join(q(str(p)) for p in parts)
+        if stage.table == "eval":
+            lines.append(f"[ -e {q(str(meta_path(out)))} ] || "
+                         f"cat {files} | rlany eval --join - -o {q(str(out))}")
+        else:
+            tmp = q(str(out.with_name(f".{out.name}.tmp")))
+            lines.append(f"[ -e {q(str(out))} ] || {{ cat {files} > {tmp} && mv {tmp} "
+                         f"{q(str(out))}; }}")
+        return lines
+
+    def _cases(self, cases: list) -> list[str]:
+        """`if` over the trainers' skipped files of this iteration, one branch per case."""
+        lines = []
+        for k, (skipped, body) in enumerate(cases):
+            tests = " && ".join(f"[ {'-e' if (kind, f) in skipped else '! -e'} {q(f)} ]"
+                                for kind, f in self.trained)
+            lines.append(("if " if k == 0 else "elif ") + tests + "; then"
+                         if k < len(cases) - 1 else "else")
+            lines += ["  " + line for line in body]
+        return [*lines, "fi"]
+
+    # -- the servers of an openai engine ([launch] serve) --------------------------------
+    def _devices(self, generates: bool, trains: bool) -> None:
+        if not self.serve:
+            return
+        if generates and not self._serving:
+            self.lines.append("start_servers")
+        if trains and self._serving:
+            self.lines.append("stop_servers  # the trainer needs the devices")
+        self._serving = (self._serving or generates) and not trains
+
+    def _servers(self) -> list[str]:
+        """start_servers / stop_servers: one server per endpoint, pid file and log in
+        RUN/servers/, on this host or through ssh."""
+        opts = self.cfg.options("rollout", input="-")
+        base, here = shlex.split(self.serve), {socket.gethostname(),
+                                               socket.gethostname().split(".")[0]}
+        logs = self.cfg.run_dir / "servers"
+        start, ready, stop, gpus = [f"  mkdir -p {q(str(logs))}"], [], [], {}
+        for i, url in enumerate(self.urls):
+            parts = urlsplit(url)
+            host = parts.hostname or "127.0.0.1"
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            local = host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") or host in here
+            gpu = gpus[host] = gpus.get(host, -1) + 1
+            argv = [*base, opts.model, "--host", "127.0.0.1" if host in ("127.0.0.1",
+                    "localhost") else "0.0.0.0", "--port", str(port), "--seed", str(opts.seed),
+                    "--enable-lora", "--max-lora-rank", str(opts.max_lora_rank),
+                    "--max-loras", "2",
+                    *(["--max-model-len", str(opts.max_model_len)] if opts.max_model_len
+                      else []),
+                    *(["--dtype", opts.dtype] if opts.dtype != "auto" else [])]
+            pid, log = q(str(logs / f"{i}.pid")), q(str(logs / f"{i}.log"))
+            on = "bash -c" if local else f"ssh -n {q(host)}"
+            run = (f"cd {q(os.getcwd())} && CUDA_VISIBLE_DEVICES={gpu} "
+                   f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True nohup {shlex.join(argv)} "
+                   f"> {log} 2>&1 & echo $! > {pid}")
+            halt = (f"cd {q(os.getcwd())} && p=$(cat {pid} 2>/dev/null) || exit 0; "
+                    f'kill "$p" 2>/dev/null || true; while kill -0 "$p" 2>/dev/null; '
+                    f"do sleep 1; done; rm -f {pid}")
+            start.append(f"  {on} {q(run)}")
+            ready.append(f"  ready {q(url.rstrip('/'))} {log}")
+            stop.append(f"  {on} {q(halt)}")
+        return ["ready() {  # an endpoint answers /models (up to 20 minutes)",
+                '  for _ in $(seq 240); do curl -sf "$1/models" > /dev/null && return 0; '
+                "sleep 5; done",
+                '  echo "plan: $1 did not answer in 20 minutes (its log: $2)" >&2; return 1',
+                "}",
+                "start_servers() {  # one per endpoint ([launch] serve)", *start, *ready, "}",
+                "stop_servers() {  # training needs the devices; and on exit", *stop, "}",
+                "trap stop_servers EXIT"]

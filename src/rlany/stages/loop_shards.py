@@ -1,0 +1,104 @@
+"""The shards a `--print-plan` script runs a generation stage in, and their join.
+
+The plan runs rollout, judge and eval as N `--shard I/N` processes (`rlany.shards`), each
+writing `DIR/shards/STEM.I-of-N.SUFFIX` beside the stage's output `DIR/STEM.SUFFIX`, then
+joins them: eval with `rlany eval --join` (which writes the sidecar), rollout and judge with
+`cat` (the concatenation in shard order is the unsharded output byte for byte). `cat`
+writes no sidecar, so the loop takes such an output as complete when every shard's sidecar
+is there and the output is exactly as long as the shards together (the plan moves it into
+place whole), and writes its sidecar from the shards' (`joined_meta`): their flags but the
+shard's own, their counts added up, the rates recomputed from the added counts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rlany.jsonl import meta_path
+
+SHARDED = ("rollout", "judge", "eval")  # the generation stages a plan shards
+
+
+def shard_paths(output: str | Path, n: int) -> list[Path]:
+    """Where the N shards of a stage whose output is `output` write theirs."""
+    out = Path(output)
+    return [out.parent / "shards" / f"{out.stem}.{i}-of-{n}{out.suffix}" for i in range(n)]
+
+
+def adopt(output: str, write: bool) -> bool:
+    """Whether `output` (no sidecar of its own) is the whole join of a plan's shards; with
+    `write`, its sidecar is then written from theirs."""
+    from rlany.outputs import write_text_atomic
+
+    out = Path(output)
+    if not out.is_file() or meta_path(out).exists():
+        return False
+    name = re.compile(rf"{re.escape(out.stem)}\.[0-9]+-of-([0-9]+){re.escape(out.suffix)}")
+    counts = {m[1] for p in (out.parent / "shards").glob(f"{out.stem}.*{out.suffix}")
+              if (m := name.fullmatch(p.name))}
+    if len(counts) != 1:
+        return False
+    parts = shard_paths(out, int(counts.pop()))
+    if not all(p.is_file() and meta_path(p).is_file() for p in parts):
+        return False
+    if out.stat().st_size != sum(p.stat().st_size for p in parts):
+        return False
+    if write:
+        meta = joined_meta(output, parts)
+        write_text_atomic(meta_path(out), json.dumps(meta, indent=2) + "\n")
+    return True
+
+
+def joined_meta(output: str, parts: list[Path]) -> dict:
+    """The sidecar of the joined output, from the shards' sidecars."""
+    metas = [json.loads(meta_path(p).read_text(encoding="utf-8")) for p in parts]
+    first = metas[0]
+    flags = {**first.get("flags", {}), "shard": None, "output": output}
+    urls = [m.get("flags", {}).get("base_url") for m in metas]
+    if all(urls):  # each shard its own endpoint: together, the unsharded run's
+        flags["base_url"] = ",".join(dict.fromkeys(urls))
+    return {**first, "output": Path(output).name, "flags": flags,
+            "counts": combine([m.get("counts", {}) for m in metas]),
+            "wall_time_s": max(float(m.get("wall_time_s") or 0) for m in metas),
+            "joined_from": [str(p) for p in parts]}
+
+
+def combine(parts: list[dict]) -> dict:
+    """Shards' counts as one run's: numbers added, lists joined, the whole input's
+    `input_tasks` kept, the rates recomputed from the added counts (a balanced accuracy,
+    which has no counts here, as the mean of the shards' weighted by their labelled
+    verdicts); anything else kept where the shards agree."""
+    out: dict = {}
+    for key in dict.fromkeys(k for p in parts for k in p):
+        values = [p.get(key) for p in parts]
+        if key == "shard":
+            continue
+        if key == "input_tasks" or all(v == values[0] for v in values[1:]) and \
+                not _number(values[0]):
+            out[key] = values[0]
+        elif all(isinstance(v, list) for v in values):
+            out[key] = [x for v in values for x in v]
+        elif all(_number(v) for v in values):
+            out[key] = sum(values)
+        else:
+            out[key] = None
+    if "parse_fail_rate" in out:
+        out["parse_fail_rate"] = out["unparseable"] / out["verdicts"] if out["verdicts"] \
+            else 0.0
+    if "positive_share" in out:
+        readable = out["positive"] + out["negative"]
+        out["positive_share"] = out["positive"] / readable if readable else None
+    for key, weight in (("success_rate", lambda p: p["new_trajectories"] - p["errored"]),
+                        ("label_accuracy", lambda p: p["labelled_verdicts"])):
+        if key in out:
+            pairs = [(p[key], weight(p)) for p in parts if p.get(key) is not None]
+            total = sum(w for _, w in pairs)
+            out[key] = sum(v * w for v, w in pairs) / total if total else (
+                0.0 if key == "success_rate" else None)
+    return out
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,165 @@
+"""`[launch] train`: the loop runs its trainers under a launcher, in processes of their own
+(a plain python, or torch's launcher with 2 gloo processes on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import read_jsonl
+from rlany.errors import RlanyError
+from rlany.stages.loop_config import load_config
+from test_plan import rlany, setup_run
+
+# outcome only, no judge, no adaptation, no evaluation: rollout, score, train-policy
+LEAN = """step_feedback = false
+rm_training = false
+env_adaptation = false
+[rollout]
+n = 4
+[train_policy]
+lora_r = 4
+lr = 1e-2
+dtype = "float32"
+"""
+
+
+@pytest.mark.parametrize("launch,message", [
+    ('train = 3', "'[launch] train' must be str"),
+    ('trian = "torchrun"', "unknown key 'trian' in [launch]"),
+    ('train = "deepspeed --num_gpus 8"', "'deepspeed' is not a launcher the loop knows"),
+    ('train = "accelerate --num_processes 2"', "accelerate needs its `launch` command"),
+    ('train = "torchrun --nproc_per_node 2 -m rlany"', "names a program of its own ('-m')"),
+    ('train = "torchrun train.py"', "names a program of its own ('train.py')"),
+    ('train = "python -u"', "takes no arguments here"),
+    ('train = "torchrun \'2"', "cannot be split into words"),
+    ('train = "/nowhere/torchrun"', "is not on this machine"),
+    ('shards = 0', "'[launch] shards' must be >= 1"),
+    ('serve = "vllm serve"', "starts the servers of an openai engine"),
+])
+def test_a_bad_launch_table_fails_at_load_with_one_line(tmp_path, tiny_model, launch,
+                                                        message):
+    run = setup_run(tmp_path, tiny_model, body=LEAN, launch=launch)
+    with pytest.raises(RlanyError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")) as e:
+        load_config(str(run / "loop.toml"))
+    assert e.value.where == str(run / "loop.toml")
+
+
+def test_launch_table_is_read_and_set_from_the_command_line(tmp_path, tiny_model,
+                                                             monkeypatch):
+    run = setup_run(tmp_path, tiny_model, body=LEAN)
+    monkeypatch.chdir(run)
+    cfg = load_config(str(run / "loop.toml"),
+                      sets=[f"launch.train={sys.executable} -m torch.distributed.run "
+                            "--nproc_per_node 2", "launch.shards=4"])
+    assert cfg.launch.train.endswith("--nproc_per_node 2") and cfg.launch.shards == 4
+    two = 'engine = "openai"\nbase_url = "http://127.0.0.1:8000/v1,http://127.0.0.1:8001/v1"'
+    bad = setup_run(tmp_path / "x", tiny_model, body=LEAN, keys=two, launch="shards = 3")
+    with pytest.raises(RlanyError, match="one shard per endpoint"):
+        load_config(str(bad / "loop.toml"))
+
+
+def test_a_launched_trainer_with_nothing_to_learn_tells_the_loop(tmp_path, tiny_model):
+    """Every rollout fails: train-policy has no sample. Launched (its own process), it
+    writes the --skipped file the loop passed and exits 0; the loop goes on with the model
+    as it was (iteration 1 rolls out with the base model) and closed its engine before the
+    trainer ran. `--stop-after 0` stops after iteration 0; the same command without it
+    goes on."""
+    wrong = {"rules": [{"responses": ["\\boxed{100}"]}]}
+    run = setup_run(tmp_path, tiny_model, body=LEAN, script=wrong, keys="iterations = 2",
+                    launch=f'train = "{sys.executable}"')
+    first = rlany(run, "loop", "loop.toml", "--stop-after", "0")
+    it0, it1 = run / "runs" / "a" / "iter_000", run / "runs" / "a" / "iter_001"
+    assert first.returncode == 0 and "stopped after iteration 0" in first.stderr
+    assert (it0 / "done.json").exists() and not it1.exists()
+    r = rlany(run, "loop", "loop.toml")  # the same command without it goes on
+    assert r.returncode == 0, r.stderr[-3000:]
+    err = first.stderr + r.stderr
+    assert f"loop: $ {sys.executable} -m rlany train-policy" in err
+    assert "loop: engine closed" in err
+    reason = json.loads((it0 / "train_policy.skipped.json").read_text())["reason"]
+    assert reason == "no training samples" and not (it0 / "policy").exists()
+    assert all(t["policy"]["adapter"] is None for t in read_jsonl(it1 / "trajectories.jsonl"))
+    assert [m["policy_loss"] for m in read_jsonl(run / "runs" / "a" / "metrics.jsonl")] == \
+        [None, None]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def test_kill_9_of_the_launched_trainer_then_the_same_loop_resumes(tmp_path, tiny_model):
+    """SIGKILL the launched train-policy once it saved a step: the loop fails in one line
+    naming the signal; the same command again resumes the trainer from its saved step."""
+    import subprocess
+
+    body = LEAN.replace("lr = 1e-2", "lr = 1e-2\nmicro_batch = 1\ngrad_accum = 1\n"
+                        "save_every = 1")
+    run = setup_run(tmp_path, tiny_model, body=body, launch=f'train = "{sys.executable}"')
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLANY_DEBUG": ""}
+    loop = subprocess.Popen([sys.executable, "-m", "rlany", "loop", "loop.toml"], cwd=run,
+                            env=env, stderr=subprocess.PIPE, text=True)
+    state = run / "runs" / "a" / "iter_000" / "policy.partial" / "state.json"
+    deadline = time.monotonic() + 300
+    while not state.exists() and loop.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    (trainer,) = _children(loop.pid)
+    os.kill(trainer, signal.SIGKILL)
+    _, err = loop.communicate(timeout=120)
+    assert loop.returncode == 1 and not (state.parent.parent / "policy").exists()
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "train-policy under [launch] train was killed by " \
+        "SIGKILL" in last and "Traceback" not in err
+    saved = json.loads(state.read_text())["step"]
+    again = rlany(run, "loop", "loop.toml")
+    assert again.returncode == 0, again.stderr[-3000:]
+    logs = read_jsonl(state.parent.parent / "policy.metrics.jsonl")
+    assert logs[0]["event"] == "resume" and logs[0]["step"] >= saved >= 1
+    assert (state.parent.parent / "policy" / "rlany.json").exists()
+
+
+@pytest.mark.slow
+def test_two_launched_processes_train_as_one_does(tmp_path, tiny_model):
+    """The loop with [launch] train = torch's launcher, 2 gloo processes on the CPU, 2
+    sequences per process per step, against the loop training in its own process with 2
+    micro-batches of 2 per step: the same global batch, so every step's loss and the
+    adapter's weights agree (float32; tests/test_train.py's DDP test on the trainer)."""
+    import torch
+    from safetensors.torch import load_file
+
+    body = LEAN.replace("lora_r = 4", "lora_r = 4\nmicro_batch = 2\ngrad_accum = {accum}")
+    launcher = f"{sys.executable} -m torch.distributed.run --nproc_per_node 2"
+    one = setup_run(tmp_path / "one", tiny_model, body=body.format(accum=2))
+    two = setup_run(tmp_path / "two", tiny_model, body=body.format(accum=1),
+                    launch=f'train = "{launcher}"')
+    r1 = rlany(one, "loop", "loop.toml")
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    r2 = rlany(two, "loop", "loop.toml", ACCELERATE_USE_CPU="true")
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert f"loop: $ {launcher} -m rlany train-policy" in r2.stderr
+    ckpt = [run / "runs" / "a" / "iter_000" / "policy" for run in (one, two)]
+    logs = [read_jsonl(c.with_name("policy.metrics.jsonl")) for c in ckpt]
+    assert len(logs[0]) == len(logs[1]) >= 2
+    for x, y in zip(*logs):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4, abs=1e-6)
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+    a, b = (load_file(str(c / "adapter_model.safetensors")) for c in ckpt)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)

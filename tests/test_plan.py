@@ -1,0 +1,182 @@
+"""`rlany loop CONFIG --print-plan`: the next iteration as a bash script that, run as it is,
+does what the loop does (fake engine, tiny model for training, generation in shards)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_SCRIPT = {"rules": [
+    {"match": "edit's number", "responses": ["1", "2"]},
+    {"match": "reviewer", "responses": ["looks right \\boxed{+1}", "wrong \\boxed{-1}"]},
+    {"responses": ["\\boxed{12}", "\\boxed{5}", "\\boxed{9}", "\\boxed{100}"]}]}
+
+BODY = """
+[rollout]
+n = 4
+batch_tasks = 2
+[judge]
+m = 2
+batch_trajectories = 4
+[train_policy]
+micro_batch = 4
+grad_accum = 1
+lora_r = 4
+lr = 1e-3
+[train_rm]
+micro_batch = 8
+lora_r = 4
+max_steps = 1
+[eval]
+n = 2
+batch_tasks = 1
+"""
+
+
+def setup_run(tmp_path: Path, tiny_model: str, body: str = BODY, script=FAKE_SCRIPT,
+              keys: str = "", launch: str = "") -> Path:
+    """A run folder: the tiny model with a fake engine's script beside its weights (one
+    --model serves generation and training), 6 tasks, 2 eval tasks, loop.toml (relative
+    paths: commands run from the folder) of top-level `keys` (they replace the defaults
+    here), `body` and the [launch] table."""
+    shutil.copytree(tiny_model, tmp_path / "model")
+    (tmp_path / "model" / "fake_script.json").write_text(json.dumps(script))
+    for name, n in (("tasks", 6), ("eval", 2)):
+        lines = (ROOT / "examples" / "reasoning" / f"{name}.jsonl").read_text() \
+            .splitlines(keepends=True)[:n]
+        (tmp_path / f"{name}.jsonl").write_text("".join(lines))
+    given = {line.split("=")[0].strip() for line in keys.splitlines() if "=" in line}
+    default = [f"{k} = {v}" for k, v in (("name", '"a"'), ("runs_dir", '"runs"'),
+                                         ("iterations", "1"), ("tasks", '"tasks.jsonl"'),
+                                         ("model", '"model"'), ("engine", '"fake"'))
+               if k not in given]
+    (tmp_path / "loop.toml").write_text("\n".join([*default, keys, body]) + (
+        f"\n[launch]\n{launch}\n" if launch else ""))
+    return tmp_path
+
+
+def rlany(tmp_path: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    """The real CLI in the run folder, with this interpreter's `rlany` first on PATH (a
+    plan's commands call `rlany`)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+           f"{os.environ['PATH']}", "OMP_NUM_THREADS": "1", "RLANY_DEBUG": "", **kw}
+    return subprocess.run([sys.executable, "-m", "rlany", *args], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def _untimed(summary: dict) -> dict:
+    out = {k: v for k, v in summary.items() if not k.endswith(("_s", "seconds"))}
+    if isinstance(out.get("target_modules"), list):  # PEFT writes it from a set
+        out["target_modules"] = sorted(out["target_modules"])
+    return out
+
+
+def test_the_printed_plan_reproduces_the_loops_iteration(tmp_path, tiny_model):
+    """Run A: `rlany loop` (one process, one engine, training under [launch] train). Run
+    B: the script `--print-plan` wrote, run by bash as it is: generation in 2 shards per
+    stage joined by cat / `rlany eval --join`, training under the same launcher. Every
+    output of A is in B with the same records (paths of the run aside; summaries but for
+    their timings), adapters byte for byte, and B's metrics are A's but for the seconds,
+    its judge rates recomputed from the joined shards' counts."""
+    run = setup_run(tmp_path, tiny_model, keys='eval_tasks = "eval.jsonl"',
+                    launch=f'train = "{sys.executable}"\nshards = 2')
+    a = rlany(run, "loop", "loop.toml")
+    assert a.returncode == 0, a.stderr[-3000:]
+    plan = rlany(run, "loop", "loop.toml", "--name", "b", "--print-plan")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    script = plan.stdout
+    assert not (run / "runs" / "b").exists()                 # a dry run: nothing written
+    # shard 1 of: the base evaluation, rollout, judge, and the iteration's evaluation in
+    # each of 4 cases (either trainer may find nothing to learn: the adapters it uses)
+    assert "set -euo pipefail" in script and script.count("--shard 1/2") == 7
+    assert script.count("\nelif ") == 2 and "train_rm.skipped.json ]; then" in script
+    assert "| rlany eval --join - -o runs/b/eval_base.json" in script
+    assert f"{sys.executable} -m rlany train-policy" in script
+    assert script.rstrip().endswith("rlany loop loop.toml --name b --stop-after 0")
+    (run / "plan.sh").write_text(script)
+    b = subprocess.run(["bash", "plan.sh"], cwd=run, capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{Path(sys.executable).parent}"
+                            f"{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"})
+    assert b.returncode == 0, b.stderr[-3000:]
+    assert "loop: stopped after iteration 0 (--stop-after)" in b.stderr
+    A, B = run / "runs" / "a", run / "runs" / "b"
+    compared = 0
+    for path in sorted(A.rglob("*")):
+        rel = path.relative_to(A)
+        if path.is_dir() or path.name.endswith((".meta.json", "metrics.jsonl",
+                                                ".content.json")) \
+                or path.name in ("done.json", "rlany.json", "config.json"):
+            continue
+        mine = B / rel
+        assert mine.exists(), f"the plan did not write {rel}"
+        if path.suffix in (".json", ".jsonl"):
+            x = path.read_text().replace(str(A.relative_to(run)), "RUN")
+            y = mine.read_text().replace(str(B.relative_to(run)), "RUN")
+            if path.suffix == ".json":
+                x, y = _untimed(json.loads(x)), _untimed(json.loads(y))
+            assert x == y, rel
+        else:
+            assert path.read_bytes() == mine.read_bytes(), rel
+        compared += 1
+    assert compared >= 15
+    ma, mb = read_jsonl(A / "metrics.jsonl"), read_jsonl(B / "metrics.jsonl")
+    for m in (*ma, *mb):
+        m.pop("seconds")
+    assert ma == mb and ma[0]["judge_positive_share"] is not None
+    joined = json.loads((B / "iter_000" / "judgments.meta.json").read_text())
+    assert len(joined["joined_from"]) == 2 and joined["flags"]["shard"] is None
+    # the run is done: the next plan has nothing to run; the script reruns as a no-op
+    again = rlany(run, "loop", "loop.toml", "--name", "b", "--print-plan")
+    assert "nothing to run" in again.stdout and "rlany " not in again.stdout.split("cd ")[1]
+    rerun = subprocess.run(["bash", "plan.sh"], cwd=run, capture_output=True, text=True,
+                           env={**os.environ, "PATH": f"{Path(sys.executable).parent}"
+                                f"{os.pathsep}{os.environ['PATH']}"})
+    assert rerun.returncode == 0 and "iteration 0 already complete" in rerun.stderr
+
+
+def test_a_plan_starts_one_server_per_endpoint_and_stops_them_for_training(tmp_path,
+                                                                          tiny_model):
+    """An openai engine with two endpoints and [launch] serve: each generation stage runs
+    as one shard per endpoint (its own --base-url); the servers start before the first
+    stage that generates (this host's through bash, another host's through ssh, GPU k for
+    a host's k-th endpoint), stop before training and start again after it."""
+    keys = ('engine = "openai"\n'
+            'base_url = "http://127.0.0.1:8000/v1,http://gpu-node-2:8001/v1"')
+    run = setup_run(tmp_path, tiny_model, keys=keys,
+                    launch=f'train = "{sys.executable}"\nserve = "vllm serve"')
+    plan = rlany(run, "loop", "loop.toml", "--print-plan")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    lines = plan.stdout.splitlines()
+    (run / "plan.sh").write_text(plan.stdout)
+    assert subprocess.run(["bash", "-n", "plan.sh"], cwd=run).returncode == 0
+    steps = [line for line in lines if line in ("start_servers", "stop_servers")
+             or line.startswith(("stop_servers ", "[ -e runs/a/iter_000/policy/rlany.json",
+                                 "{ [ -e runs/a/iter_000/shards/trajectories.0"))]
+    assert [s.split()[0] for s in steps] == ["start_servers", "{", "stop_servers", "[",
+                                             "start_servers", "stop_servers"]
+    shard0 = next(x for x in lines if "--shard 0/2" in x and "rollout" in x)
+    shard1 = next(x for x in lines if "--shard 1/2" in x and "rollout" in x)
+    assert "--base-url http://127.0.0.1:8000/v1" in shard0 and "CUDA_VISIBLE" not in shard0
+    assert "--base-url http://gpu-node-2:8001/v1" in shard1
+    serve = [x for x in lines if "nohup vllm serve" in x]
+    assert serve[0].startswith("  bash -c ") and "CUDA_VISIBLE_DEVICES=0" in serve[0]
+    assert serve[1].startswith("  ssh -n gpu-node-2 ") and "--port 8001" in serve[1]
+    assert "--enable-lora --max-lora-rank 4" in serve[0] and "trap stop_servers EXIT" in lines
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--one-stage"], "--one-stage"), (["--stop-after", "0"], "--stop-after")])
+def test_print_plan_refuses_flags_that_run_stages(tmp_path, tiny_model, args, message):
+    run = setup_run(tmp_path, tiny_model)
+    r = rlany(run, "loop", "loop.toml", "--print-plan", *args)
+    assert r.returncode == 2 and message in r.stderr and not (run / "runs").exists()
