@@ -213,8 +213,8 @@ bench-learning-ablation: install
 	for s in 0 1 2; do \
 	  $(ABLATION) --arms policy-only +step +rm full --tag warm --seeds $$s || exit 1; \
 	  $(ABLATION) --arms full --tag warm-judge-warm --judge-warm-start \
-	    --set judge_sft.lr=1e-3 --set judge_sft.lr_schedule=cosine --set judge_sft.max_steps=64 \
-	    --set judge_sft.micro_batch=8 --set judge_sft.grad_accum=1 --seeds $$s || exit 1; \
+	    --judge-sft lr=1e-3 --judge-sft lr_schedule=cosine --judge-sft max_steps=64 \
+	    --judge-sft micro_batch=8 --judge-sft grad_accum=1 --seeds $$s || exit 1; \
 	done
 	$(ABLATION) --report-only --readme
 

@@ -39,9 +39,11 @@ With --warm-start every run starts from a warm start (rows "ARM [warm]"), the lo
 prompts its rollout gives the policy (`rlany rollout --expert`), and `rlany sft` on them with
 the policy's LoRA shape (RUN/warm_start/). Such a row adds the warm start's own held-out
 success (eval_init.json) and RL's gain over it. With --judge-warm-start the judge starts
-from a supervised one (rows "ARM [judge-warm]", the loop's `judge_warm_start = true`); its
-held-out step accuracy is judge_heldout.py's "warm" judge. `judge_gain` counts only the
-+rm arm, untagged or else "+rm [warm]" (consistency feedback alone, no labels anywhere).
+from a supervised one (rows "ARM [judge-warm]"): stages/loop/README.md's recipe of public
+commands into RUN/judge_warm_start/ (`judge_warm_start`, --judge-sft its train-rm
+settings), then the loop with `init_rm` on its adapter; its held-out step accuracy is
+judge_heldout.py's "warm" judge. `judge_gain` counts only the +rm arm, untagged or else
+"+rm [warm]" (consistency feedback alone, no labels anywhere).
 The judges of household learn.toml and mid.toml runs are scored on held-out labelled steps
 (judge_heldout.py, HELDOUT_ARGS) when their run ends.
 Run it alone on the machine: two CPU-heavy processes on 2 cores each run ~7x slower.
@@ -78,6 +80,16 @@ from learning_summary import (  # noqa: E402
     with_recorded,
 )
 
+# The supervised judge (stages/loop/README.md, "A supervised judge"): what each of its four
+# public commands sets beyond the loop config's table for that stage, so its prompts and
+# LoRA shape are those the loop's judge has
+JUDGE_RECIPE = {
+    "rollout": dict(expert=True, expert_p=0.5, n=4, sample_tasks=None, constrain_actions=False),
+    "judge": dict(labels=True, m=1, max_tokens=0, select="all", last_step_only=False),
+    "score": dict(rm_target="label", rm_acc_min=0.0, rm_acc_max=1.0),
+    "train_rm": dict(objective="logloss"),
+}
+
 # judge_heldout.py's held-out steps per household config (its judge prompts are both's)
 HELDOUT_ARGS = {"household/learn.toml": [],
                 "household/mid.toml": ["--tasks", "examples/household/mid_eval.jsonl",
@@ -99,6 +111,42 @@ def run_loop(config: str, name: str, seed: int, flags: list[str], runs_dir: str,
              sets: list[str]) -> None:
     rlany("loop", config, "--name", name, "--seed", str(seed), "--runs-dir", runs_dir, *flags,
           *[a for s in sets for a in ("--set", s)], what=f"the {name} run")
+
+
+def judge_warm_start(config: str, seed: int, sets: list[str], sft: list[str],
+                     out: Path) -> Path:
+    """JUDGE_RECIPE's commands for one run, each built from the loop config as `rlany loop`
+    builds a stage's (its table, the run's model and seed, `sets`), into `out`; a finished
+    one is skipped. train-rm also takes `sft` (KEY=VALUE of its table). Returns the adapter,
+    for the loop's `init_rm`."""
+    from dataclasses import replace
+
+    from rlany.jsonl import meta_path
+    from rlany.stages import BY_TABLE
+    from rlany.stages.loop_config import load_config
+    from rlany.stages.loop_launch import command_line
+
+    out.mkdir(parents=True, exist_ok=True)
+    steps, judged, scored = (str(out / f"{n}.jsonl") for n in ("steps", "judgments", "scored"))
+    io = {"rollout": dict(input=None, output=steps, iteration=0),
+          "judge": dict(input=steps, output=judged),
+          "score": dict(input=steps, output=scored, judgments=judged,
+                        stats=str(out / "task_stats.jsonl")),
+          "train_rm": dict(input=scored, output=str(out / "rm"))}
+    for stage, paths in io.items():
+        given = [*sets, *(f"train_rm.{kv}" for kv in sft if stage == "train_rm")]
+        cfg = load_config(config, {"seed": seed}, given)
+        opts = replace(cfg.options(stage, **{**paths, "input": paths["input"] or cfg.tasks}),
+                       **JUDGE_RECIPE[stage])
+        done = out / "rm" / "rlany.json" if stage == "train_rm" else \
+            meta_path(paths.get("stats", paths["output"]))
+        if not done.exists():
+            argv = command_line(cfg, BY_TABLE[stage], opts)
+            if argv[0] != "rlany":  # [launch] train: the trainer under its launcher
+                subprocess.run(argv, check=True)
+            else:
+                rlany(*argv[1:], what=f"the judge warm start's {argv[1]}")
+    return out / "rm"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,10 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "held-out success")
     parser.add_argument("--judge-warm-start", action="store_true",
                         help="start every run's judge from a supervised one (tag "
-                        "'judge-warm' unless --tag): the loop's judge_warm_start = true (the "
+                        "'judge-warm' unless --tag): stages/loop/README.md's recipe (the "
                         "env's step labels on expert/random play of the pool, train-rm "
-                        "--objective logloss; RUN/judge_warm_start/). Not label-free: its "
-                        "rows are apart from judge_gain")
+                        "--objective logloss) into RUN/judge_warm_start/, then the loop "
+                        "with init_rm on it. Not label-free: its rows are apart from "
+                        "judge_gain")
+    parser.add_argument("--judge-sft", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --judge-warm-start: a train-rm setting of the supervised "
+                        "judge over the config's [train_rm] (e.g. lr=1e-3)")
     parser.add_argument("--reduced", action="store_true",
                         help="seed 0, policy-only and full, 2 iterations (~25 min on 2 cores)")
     parser.add_argument("--report-only", action="store_true",
@@ -151,7 +203,8 @@ def settle(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[l
         sets.append("warm_start=true")
     if args.judge_warm_start:
         args.tag = args.tag or "judge-warm"
-        sets.append("judge_warm_start=true")
+    elif args.judge_sft:
+        parser.error("--judge-sft sets the supervised judge of --judge-warm-start")
     if args.reduced and args.readme:
         parser.error("--readme writes the full benchmark's table, not the reduced one's")
     if args.reduced:
@@ -175,8 +228,13 @@ def run_arms(args: argparse.Namespace, sets: list[str]) -> None:
     for seed in args.seeds:
         for arm in args.arms:
             name = f"{arm.strip('+')}{f'-{args.tag}' if args.tag else ''}-s{seed}"
-            run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, sets)
             run = Path(args.runs_dir) / name
+            judge = []  # the supervised judge first, its adapter the loop's init_rm
+            if args.judge_warm_start:
+                rm = judge_warm_start(args.config, seed, sets, args.judge_sft,
+                                      run / "judge_warm_start")
+                judge = [f"init_rm={rm}"]
+            run_loop(args.config, name, seed, ARMS[arm], args.runs_dir, [*sets, *judge])
             judged = "--rm-training" in ARMS[arm] or args.judge_warm_start
             if (judged and heldout is not None
                     and not (run / "judge_heldout.json").exists()):

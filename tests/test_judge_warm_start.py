@@ -1,15 +1,23 @@
-"""The judge warm start: expert/random play with both step labels (`rollout --expert-p`),
-the env's labels as the judge's verdicts (`judge --labels`), and a loop whose judge starts
-from `train-rm --objective logloss` on them (`judge_warm_start = true`)."""
+"""The judge warm start, a recipe of public stages (stages/loop/README.md, "A supervised
+judge"): expert/random play with both step labels (`rollout --expert-p`), the env's labels
+as the judge's verdicts (`judge --labels`), `score --rm-target label`, `train-rm --objective
+logloss`; and a loop whose judge starts from that adapter (`init_rm`)."""
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
 
 from conftest import make_traj, read_jsonl, write_jsonl
 from rlany.envs.household import make_tasks
+from rlany.errors import RlanyError, UsageError
 
 LEARN = "examples/household/learn_tasks.jsonl"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _tasks(tmp_path, n=6):
@@ -87,20 +95,75 @@ def test_judge_labels_writes_the_env_labels_as_verdicts(tmp_path, cli):
     assert r.returncode == 2 and "--labels" in r.stderr
 
 
-def _config(tmp_path, tiny_model, judge_max_tokens=0, **switches):
+def recipe() -> list[list[str]]:
+    """The recipe's command lines, read from stages/loop/README.md between its
+    `<!-- judge-recipe:begin -->` and `<!-- judge-recipe:end -->` markers."""
+    text = (ROOT / "stages" / "loop" / "README.md").read_text()
+    block = re.search(r"<!-- judge-recipe:begin -->\n```bash\n(.*?)```\n"
+                      r"<!-- judge-recipe:end -->", text, re.S)
+    assert block, "stages/loop/README.md has no judge-recipe block"
+    lines = block.group(1).replace("\\\n", " ").splitlines()
+    return [words for line in lines if (words := shlex.split(line, comments=True))]
+
+
+def test_the_recipe_is_four_public_commands():
+    from rlany.options import specs
+    from rlany.stages import COMMANDS
+
+    commands = recipe()
+    assert [argv[1] for argv in commands] == ["rollout", "judge", "score", "train-rm"]
+    assert all(argv[0] == "rlany" for argv in commands)
+    by_name = {c.name: c.options for c in COMMANDS}
+    for argv in commands:  # every flag it uses is in the command's --help
+        research = {"--" + k.replace("_", "-") for k, (_, _, s) in
+                    specs(by_name[argv[1]]).items() if s.diagnostic}
+        assert not research & set(argv), argv
+
+
+@pytest.fixture(scope="module")
+def warm_judge(tmp_path_factory, tiny_model):
+    """The README's recipe run as it is written, from a directory holding its inputs: 6
+    of learn.toml's pool tasks, the tiny model for smollm2, 2 optimizer steps."""
+    from conftest import run_cli
+
+    where = tmp_path_factory.mktemp("recipe")
+    tasks = where / LEARN
+    tasks.parent.mkdir(parents=True)
+    tasks.write_text("".join(open(LEARN).readlines()[:6]))
+    for argv in recipe():
+        argv = [tiny_model if a == "smollm2" and argv[i - 1] == "--model" else a
+                for i, a in enumerate(argv)]
+        if argv[1] == "train-rm":
+            argv += ["--max-steps", "2"]
+        r = run_cli(*argv[1:], cwd=where)
+        assert r.returncode == 0, (argv, r.stderr)
+    return where / "judge"
+
+
+def test_the_recipe_makes_a_supervised_judge(warm_judge):
+    # supervised: every judged step of every task has its label as the target
+    scored = read_jsonl(warm_judge / "scored.jsonl")
+    targets = [s["rm_target"] for t in scored for s in t["steps"]]
+    trajs = read_jsonl(warm_judge / "steps.jsonl")
+    labels = [s["info"]["label"] for t in trajs for s in t["steps"]]
+    assert targets == labels and set(labels) == {1, -1}
+    meta = json.loads((warm_judge / "rm" / "rlany.json").read_text())
+    assert meta["kind"] == "rm" and meta["objective"] == "logloss"
+    assert meta["samples"] == len(targets)
+
+
+def _config(tmp_path, tiny_model, **switches):
     tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(4, seed=5))
     evals = write_jsonl(tmp_path / "eval.jsonl", make_tasks(2, seed=6, split="eval"))
     lines = ['name = "jw"', f'runs_dir = "{tmp_path / "runs"}"', "iterations = 1",
              f'tasks = "{tasks}"', f'eval_tasks = "{evals}"', f'model = "{tiny_model}"',
-             'engine = "fake"', "keep_last = 1", "judge_warm_start = true",
-             "env_adaptation = false"]
-    lines += [f"{k} = {str(v).lower()}" for k, v in switches.items()]
+             'engine = "fake"', "keep_last = 1", "env_adaptation = false"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in switches.items()]
     lines += ["[rollout]", "n = 4", "max_steps = 3", "history_turns = 1",
-              "[judge]", "m = 3", f"max_tokens = {judge_max_tokens}", "history_steps = 1",
+              "[judge]", "m = 3", "max_tokens = 0", "history_steps = 1",
               "[train_policy]", "micro_batch = 4", "grad_accum = 1", "lora_r = 4",
               "[train_rm]", "micro_batch = 8", "grad_accum = 1", "lora_r = 4", "max_steps = 1",
-              "[judge_sft]", "micro_batch = 8", "grad_accum = 1", "max_steps = 2",
-              "lr = 1e-3", "[eval]", "n = 2"]
+              "[eval]", "n = 2"]
     path = tmp_path / "loop.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -125,44 +188,58 @@ def _run(config, **kw):
     return loop
 
 
-def test_loop_judge_warm_start_is_the_judge_iteration_0_starts_from(tmp_path, tiny_model):
-    loop = _run(_config(tmp_path, tiny_model))
-    warm = loop.dir / "judge_warm_start"
-    for name in ("steps.jsonl", "judgments.jsonl", "scored.jsonl", "rm/rlany.json"):
-        assert (warm / name).exists(), name
-    # supervised: every judged step of every task has its label as the target
-    scored = read_jsonl(warm / "scored.jsonl")
-    targets = [s["rm_target"] for t in scored for s in t["steps"]]
-    trajs = read_jsonl(warm / "steps.jsonl")
-    assert targets == [s["info"]["label"] for t in trajs for s in t["steps"]]
-    meta = json.loads((warm / "rm" / "rlany.json").read_text())
-    assert meta["kind"] == "rm" and meta["objective"] == "logloss"
-    assert meta["samples"] == len(targets)
+def test_a_loop_judges_from_init_rm(tmp_path, tiny_model, warm_judge):
+    rm = str(warm_judge / "rm")
+    loop = _run(_config(tmp_path, tiny_model, init_rm=rm))
+    assert json.loads((loop.dir / "config.json").read_text())["init_rm"] == rm
+    assert loop.cfg.run["max_lora_rank"] == 16  # the recipe's rank, over the loop's 4
     # iteration 0 judged with it (its train-rm, skipped here for want of data, continues it)
     it0 = loop.dir / "iter_000"
-    assert read_jsonl(it0 / "judgments.jsonl")[0]["judge"]["adapter"] == str(warm / "rm")
-    assert json.loads((it0 / "judgments.meta.json").read_text())["flags"]["adapter"] \
-        == str(warm / "rm")
-    assert loop.latest("rm", 0) == str(warm / "rm")
-    assert json.loads((it0 / "eval.meta.json").read_text())["flags"]["judge_adapter"] \
-        == str(warm / "rm")
-    # a judge that is not trained stays the warm one (the eval's judge included)
-    loop2 = _run(_config(tmp_path, tiny_model, rm_training=False), name="jw-fixed")
+    assert read_jsonl(it0 / "judgments.jsonl")[0]["judge"]["adapter"] == rm
+    assert json.loads((it0 / "judgments.meta.json").read_text())["flags"]["adapter"] == rm
+    assert loop.latest("rm", 0) == rm
+    assert json.loads((it0 / "eval.meta.json").read_text())["flags"]["judge_adapter"] == rm
+    # a judge that is not trained stays it (the eval's judge included)
+    loop2 = _run(_config(tmp_path, tiny_model, init_rm=rm, rm_training=False), name="fixed")
     it0 = loop2.dir / "iter_000"
-    assert read_jsonl(it0 / "judgments.jsonl")[0]["judge"]["adapter"] == \
-        str(loop2.dir / "judge_warm_start" / "rm")
+    assert read_jsonl(it0 / "judgments.jsonl")[0]["judge"]["adapter"] == rm
     assert not (it0 / "rm").exists()
 
 
-def test_judge_warm_start_config_is_checked_at_load(tmp_path, tiny_model):
-    import pytest
-
-    from rlany.errors import RlanyError
+def test_init_rm_and_the_retired_keys_are_checked_at_load(tmp_path, tiny_model):
     from rlany.stages.loop_config import load_config
 
-    with pytest.raises(RlanyError, match="max_tokens = 0"):
-        load_config(_config(tmp_path, tiny_model, judge_max_tokens=16))
-    with pytest.raises(RlanyError, match=r"\[judge_sft\] lora_r"):
-        load_config(_config(tmp_path, tiny_model), sets=["judge_sft.lora_r=8"])
-    cfg = load_config(_config(tmp_path, tiny_model), sets=["judge_sft.epochs=3"])
-    assert cfg.options("judge_sft", input="-", output="-").epochs == 3
+    config = _config(tmp_path, tiny_model)
+    with pytest.raises(RlanyError, match="init_rm .* is not a LoRA adapter") as e:
+        load_config(config, {"init_rm": str(tmp_path)})
+    assert "train-rm" in e.value.hint and not (tmp_path / "runs").exists()
+    # an older config's judge warm start: one line saying what replaces it
+    old = Path(config).read_text().replace("[rollout]", "judge_warm_start = true\n[rollout]")
+    Path(config).write_text(old)
+    with pytest.raises(RlanyError, match="'judge_warm_start' is no longer a loop key") as e:
+        load_config(config)
+    assert "init_rm" in e.value.hint and "stages/loop/README.md" in e.value.hint
+    with pytest.raises(UsageError, match=r"no table \[judge_sft\]") as e:
+        load_config(_config(tmp_path, tiny_model), sets=["judge_sft.lr=1e-3"])
+    assert "init_rm" in e.value.hint
+
+
+def test_a_run_from_before_the_recipe_still_resumes(tmp_path, tiny_model):
+    """A run directory begun when the loop had judge_warm_start (false, with a [judge_sft]
+    table that made nothing) resumes; one whose judge warm start ran is refused."""
+    from rlany.stages.loop import Loop, load_config
+
+    config = _config(tmp_path, tiny_model)
+    loop = Loop(load_config(config), config)
+    loop._init_run_dir()
+    echo = loop.dir / "config.json"
+    older = json.loads(echo.read_text())
+    del older["init_rm"]
+    older["judge_warm_start"] = False
+    older["tables"]["judge_sft"] = {"lr": 1e-3}
+    echo.write_text(json.dumps(older))
+    (loop.dir / "iter_000").mkdir()  # a stage has run: a different config is refused
+    Loop(load_config(config), config)._init_run_dir()
+    echo.write_text(json.dumps({**older, "judge_warm_start": True}))
+    with pytest.raises(RlanyError, match="different config"):
+        Loop(load_config(config), config)._init_run_dir()

@@ -346,7 +346,7 @@ def test_the_env_readmes_offline_commands_run(tmp_path, cli):
 def test_rollout_and_a_loops_init_policy_refuse_another_models_adapter(
         tiny_model, other_models, tmp_path, cli):
     """The generating stages (rollout, judge, eval, adapt-tasks) and a loop's init_policy
-    check the adapter against the model before any work: one line, exit 1, nothing written
+    and init_rm check the adapter against the model before any work: one line, exit 1, nothing written
     (it was PEFT's size-mismatch error, exit 70, and a partial output)."""
     from rlany.envs.reasoning import make_tasks
 
@@ -361,4 +361,8 @@ def test_rollout_and_a_loops_init_policy_refuse_another_models_adapter(
                       f'init_policy = "{other_models["wide"]}"\n')
     r = cli("loop", str(config))
     assert "init_policy: made for another base model than" in one_line(r, 1)
+    assert not (tmp_path / "runs").exists()
+    config.write_text(config.read_text().replace("init_policy", "init_rm"))  # the judge's
+    r = cli("loop", str(config))
+    assert "init_rm: made for another base model than" in one_line(r, 1)
     assert not (tmp_path / "runs").exists()

@@ -122,6 +122,8 @@ COMMANDS = (
             "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2",
             "rlany train-rm -i scored.jsonl -o ckpt/rm-1 --model smollm2 --objective expected",
             "rlany judge -i traj.jsonl -o judgments.jsonl --model smollm2 --adapter ckpt/rm-1",
+            "rlany loop examples/household/learn.toml --name judged --step-feedback "
+            "--set init_rm=ckpt/rm-1",
         )),
     Command("sft", sft, sft.SftOptions, "borrows",
         "Warm-start the policy: supervised fine-tuning (token negative log-likelihood) on the "

@@ -16,6 +16,8 @@ rollout --expert`: the env's expert plays every pool task once, in the policy's 
 sft/ (`rlany sft` on them, `[sft]` settings, `[train_policy]`'s LoRA shape). A sibling run
 in the same runs directory that made the identical warm start (and its evaluation) lends
 its copy instead (`rlany.stages.warm_reuse`, as `eval_reuse` does for the base evaluation).
+`init_rm` (a judge adapter such as `rlany train-rm`'s) is the judge's start: iteration 0
+judges with it, train-rm continues it (stages/loop/README.md's supervised judge makes one).
 
 The config is flat: top-level keys (the run: name, tasks, model, engine, seed, ...) and one
 table per stage whose keys are that stage's flags, e.g. `[rollout] max_tokens = 96` is
@@ -58,7 +60,6 @@ from rlany.stages import BY_TABLE
 from rlany.stages.loop_config import LoopConfig, load_config
 from rlany.stages.loop_stages import (
     EVAL,
-    JUDGE_WARM_START,
     STAGES,
     WARM_START,
     Stage,
@@ -137,11 +138,6 @@ class Loop:
                      "content)")
             for stage in WARM_START:
                 yield stage, warm, 0, {}
-        if self.cfg.judge_warm_start:
-            warm = self.dir / "judge_warm_start"
-            self._mkdir(warm)
-            for stage in JUDGE_WARM_START:
-                yield stage, warm, 0, {}
         if self.cfg.eval_tasks:
             yield EVAL, self.dir, -1, dict(output=str(self.dir / "eval_base.json"),
                                            adapter=None, judge_adapter=None)
@@ -168,7 +164,7 @@ class Loop:
         echo = self.dir / "config.json"
         started = any(self.dir.glob("iter_*")) or any(
             (self.dir / name).exists()
-            for name in ("eval_base.json", "warm_start", "judge_warm_start"))
+            for name in ("eval_base.json", "warm_start"))
         if echo.exists() and echo.read_text() != resolved and started:
             check_echo(echo, config, self.cfg.iterations)
         check_finished(self)
@@ -260,7 +256,7 @@ class Loop:
 
     def options(self, stage: Stage, d: Path, it: int, **io: Any) -> Any:
         """The options `stage` runs with in directory `d` of iteration `it`."""
-        opts = self.cfg.options(stage.config or stage.table, **{**stage.io(self, d, it), **io})
+        opts = self.cfg.options(stage.table, **{**stage.io(self, d, it), **io})
         return dataclasses.replace(opts, **stage.forced(self))
 
     def _pool(self, it: int, d: Path) -> None:
@@ -314,7 +310,7 @@ class Loop:
         """The checkpoint of `kind` that iteration `before` starts from: the one trained by
         the newest iteration before it (an iteration whose training had no samples passes
         its own start on); before any, the policy's is `init_policy` (a warm start) or None
-        (the base model), and the reward model's `init_rm` (the judge warm start) or None. A
+        (the base model), and the reward model's `init_rm` (a judge adapter) or None. A
         reward model that is not trained stays `init_rm`. A checkpoint that should be there
         and is not (deleted, pruned, incomplete, damaged) is an error naming it: the loop
         never falls back to an older model or to the base model."""
@@ -357,8 +353,9 @@ class Loop:
 
     @property
     def init_rm(self) -> str | None:
-        """The judge adapter iteration 0 starts from: the judge warm start's, or None."""
-        return str(self.dir / "judge_warm_start" / "rm") if self.cfg.judge_warm_start else None
+        """The judge adapter iteration 0 starts from: init_rm (e.g. the supervised judge of
+        stages/loop/README.md's recipe), or None (the base model)."""
+        return self.cfg.init_rm
 
     def _finish_iteration(self, d: Path, it: int) -> None:
         from rlany.outputs import write_text_atomic

@@ -28,9 +28,12 @@ def _run_keys() -> dict[str, Any]:
     return keys
 
 
-# config tables beyond one per command: a second use of a command's options
-EXTRA_TABLES = {"judge_sft": "train_rm"}  # the judge warm start's train-rm
-TABLES = {**BY_TABLE, **{table: BY_TABLE[of] for table, of in EXTRA_TABLES.items()}}
+TABLES = BY_TABLE  # one config table per command: its flags
+# what an older config may hold that the loop no longer has, refused with what replaces it
+GONE = ("the judge warm start is a recipe of public stages now, ending in an adapter the "
+        "loop's judge starts from: init_rm = \"DIR/rm\" (stages/loop/README.md, \"A "
+        "supervised judge\")")
+RETIRED = {"judge_warm_start": GONE, "judge_sft": GONE}
 
 
 @dataclass
@@ -44,9 +47,8 @@ class LoopConfig:
     eval_every: int = 1
     init_policy: str | None = None  # a LoRA adapter (e.g. `rlany sft`'s) iteration 0 starts from
     warm_start: bool = False  # make one first: the env's expert on the pool, then sft
-    # a supervised judge first: the env's step labels on expert/random play of the pool,
-    # then train-rm toward them ([judge_sft]: its flags); not the paper's label-free judge
-    judge_warm_start: bool = False
+    # a judge LoRA adapter (e.g. `rlany train-rm`'s) iteration 0 judges with, train-rm continues
+    init_rm: str | None = None
     step_feedback: bool = True
     rm_training: bool = True
     env_adaptation: bool = True
@@ -157,6 +159,8 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
             sections[key] = dict(value)
         elif key in loop_keys:
             top[key] = typed(key, value, loop_keys[key], path)
+        elif key in RETIRED:
+            raise RlanyError(f"'{key}' is no longer a loop key", where=path, hint=RETIRED[key])
         elif key in run_keys:
             run[key] = typed(key, value, run_keys[key], path)
         else:
@@ -172,12 +176,11 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
     _check_name(top["name"], path)
     cfg = LoopConfig(**top, run=run, tables=sections, launch=launch, path=path)
     _check_launch(cfg)
-    if cfg.init_policy:
-        _check_init_policy(cfg)
+    for key in ("init_policy", "init_rm"):
+        if getattr(cfg, key):
+            _check_init(cfg, key)
     if cfg.warm_start:
         _check_warm_start(cfg)
-    if cfg.judge_warm_start:
-        _check_judge_warm_start(cfg)
     for table in ("train_policy", "train_rm"):  # before an iteration's work is spent
         _check_kl_ref(cfg, table)
         if cfg.tables.get(table, {}).get("full"):
@@ -237,25 +240,28 @@ def _check_launch(cfg: LoopConfig) -> None:
                          where=cfg.path)
 
 
-def _init_rank(cfg: LoopConfig) -> int:
-    """The LoRA rank of the warm-start adapter (its adapter_config.json's r; 0: unknown)."""
+def _init_rank(adapter: str) -> int:
+    """The LoRA rank of a starting adapter (its adapter_config.json's r; 0: unknown)."""
     import json
 
     try:
-        r = json.loads((Path(cfg.init_policy) / "adapter_config.json").read_text()).get("r")
+        r = json.loads((Path(adapter) / "adapter_config.json").read_text()).get("r")
     except (OSError, ValueError, AttributeError):
         return 0
     return r if isinstance(r, int) else 0
 
 
-def _check_init_policy(cfg: LoopConfig) -> None:
+def _check_init(cfg: LoopConfig, key: str) -> None:
+    """init_policy / init_rm: a LoRA adapter directory made for the run's base model."""
     from rlany.stageio import check_fits
 
-    if not (Path(cfg.init_policy) / "adapter_config.json").is_file():
-        raise RlanyError(f"init_policy {cfg.init_policy!r} is not a LoRA adapter directory "
+    adapter = getattr(cfg, key)
+    if not (Path(adapter) / "adapter_config.json").is_file():
+        made_by = "rlany sft" if key == "init_policy" else "rlany train-rm"
+        raise RlanyError(f"{key} {adapter!r} is not a LoRA adapter directory "
                          "(no adapter_config.json)", where=cfg.path,
-                         hint="e.g. the output of `rlany sft`")
-    check_fits(cfg.options("rollout", input="-"), cfg.init_policy, "init_policy")
+                         hint=f"e.g. the output of `{made_by}`")
+    check_fits(cfg.options("rollout", input="-"), adapter, key)
 
 
 def _check_kl_ref(cfg: LoopConfig, table: str) -> None:
@@ -282,23 +288,6 @@ def _check_warm_start(cfg: LoopConfig) -> None:
                          where=cfg.path, hint="set them in [train_policy]")
 
 
-def _check_judge_warm_start(cfg: LoopConfig) -> None:
-    judge = cfg.tables.get("judge", {})
-    if judge.get("max_tokens") != 0 or judge.get("mode", "steps") != "steps":
-        raise RlanyError("judge_warm_start = true trains the verdict alone: it needs [judge] "
-                         "max_tokens = 0 (and mode \"steps\")", where=cfg.path)
-    if cfg.tables.get("train_rm", {}).get("full"):
-        raise RlanyError("judge_warm_start makes a LoRA adapter; [train_rm] full = true "
-                         "cannot continue it", where=cfg.path)
-    shaped = [k for k in (*WARM_SHAPE, "full", "adapter", "objective")
-              if k in cfg.tables.get("judge_sft", {})]
-    if shaped:
-        raise RlanyError(f"[judge_sft] {', '.join(shaped)}: the warm judge's LoRA is the "
-                         "one train-rm continues, so it takes [train_rm]'s shape, and its "
-                         "objective is logloss on the labels", where=cfg.path,
-                         hint="set the shape in [train_rm]")
-
-
 def _apply_set(raw: dict[str, Any], item: str) -> None:
     """One `--set KEY=VALUE` into the parsed config; a VALUE that is not TOML is a string."""
     key, eq, text = item.partition("=")
@@ -314,7 +303,7 @@ def _apply_set(raw: dict[str, Any], item: str) -> None:
     if table:
         if table not in TABLES and table != "launch":
             raise UsageError(f"--set {item!r}: no table [{table}]",
-                             hint=f"tables: {', '.join(TABLES)}, launch")
+                             hint=RETIRED.get(table, f"tables: {', '.join(TABLES)}, launch"))
         section = raw.setdefault(table, {})
         if not isinstance(section, dict):
             raise UsageError(f"--set {item!r}: [{table}] is not a table")
@@ -326,7 +315,7 @@ def _apply_set(raw: dict[str, Any], item: str) -> None:
 def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:
     """The values the loop derives from the config, written into it so that the printed
     commands carry them: lambda from step_feedback, eval's judge settings, the LoRA rank
-    (the largest trained or, with init_policy, continued)."""
+    (the largest trained or, with init_policy / init_rm, continued)."""
     score = cfg.tables.setdefault("score", {})
     if not cfg.step_feedback:
         if score.get("lam", 0.0) != 0.0 and overrides.get("step_feedback") is not False:
@@ -342,10 +331,10 @@ def _resolve(cfg: LoopConfig, overrides: dict[str, Any]) -> None:
     if "max_lora_rank" not in cfg.run:
         # vLLM pads every adapter to max_lora_rank: serve exactly the largest rank trained
         from rlany.stages.train_policy import TrainOptions
-        cfg.run["max_lora_rank"] = max(  # train-policy continues init_policy in its shape
+        cfg.run["max_lora_rank"] = max(  # the trainers continue init_* in their shape
             [cfg.tables.get(t, {}).get("lora_r", TrainOptions.lora_r)
              for t in ("train_policy", "train_rm")]
-            + ([_init_rank(cfg)] if cfg.init_policy else []))
+            + [_init_rank(a) for a in (cfg.init_policy, cfg.init_rm) if a])
 
 
 def _placeholders(cls: type) -> dict[str, str]:

@@ -12,7 +12,8 @@ where a finished stage was made otherwise, or where a stage ran that the config 
 runs. Either refusal is one line naming the first differing key, so a deleted or
 hand-edited `config.json` cannot make the loop skip stages made under another config and go
 on under the new one. Not seen without `config.json`: keys that reach no stage's options
-(keep_last, eval_every, rm_buffer, init_policy: the paths and adapters are the loop's).
+(keep_last, eval_every, rm_buffer, init_policy, init_rm: the paths and adapters are the
+loop's).
 Never compared: `[launch]` (how the stages run: a run may move to another launcher) and
 the `base_url` a finished stage recorded (a `--print-plan` shard records its own endpoint)."""
 
@@ -55,6 +56,7 @@ def check_echo(echo: Path, config: dict, iterations: int) -> None:
                          "is checked without it")
     defaults = {f.name: f.default for f in dataclasses.fields(LoopConfig)
                 if f.default is not dataclasses.MISSING}
+    old = _retired(old)
     more = iterations >= old.get("iterations", iterations)
     config = {k: v for k, v in config.items() if k not in HOW}
     then = {**{k: defaults[k] for k in config.keys() - old.keys() if k in defaults},
@@ -64,6 +66,17 @@ def check_echo(echo: Path, config: dict, iterations: int) -> None:
     if key is not None:
         raise RlanyError(f"{CHANGED}: {key} was {_show(_get(then, key))}, the config now "
                          f"gives {_show(_get(config, key))}", where=str(echo), hint=HINT)
+
+
+def _retired(old: dict) -> dict:
+    """An echo from before the judge warm start left the loop (`loop_config.RETIRED`):
+    `judge_warm_start = false` and its `[judge_sft]` table made nothing, so they are not
+    compared; a run that made one (true) differs from every config now, and is refused."""
+    if old.get("judge_warm_start", False) is not False:
+        return old
+    tables = {t: v for t, v in _dict(old.get("tables")).items() if t != "judge_sft"}
+    return {**{k: v for k, v in old.items() if k != "judge_warm_start"},
+            **({"tables": tables} if "tables" in old else {})}
 
 
 def _first_difference(old: dict, new: dict) -> str | None:
@@ -131,13 +144,11 @@ class _Planned:
 def _units(loop: Loop) -> Iterator[tuple[Stage, Path, int, dict, bool]]:
     """Every stage a run directory may hold, in the loop's order: (stage, directory,
     iteration, paths the loop sets, whether this config runs it)."""
-    from rlany.stages.loop_stages import EVAL, JUDGE_WARM_START, STAGES, WARM_START
+    from rlany.stages.loop_stages import EVAL, STAGES, WARM_START
 
     cfg = loop.cfg
     for stage in WARM_START:
         yield stage, loop.dir / "warm_start", 0, {}, cfg.warm_start
-    for stage in JUDGE_WARM_START:
-        yield stage, loop.dir / "judge_warm_start", 0, {}, cfg.judge_warm_start
     evals = [EVAL] if cfg.eval_tasks else []  # an evaluation measures: never "not run"
     for name in ("eval_base.json", "eval_init.json"):
         for stage in evals:
@@ -156,7 +167,7 @@ def check_finished(loop: Loop) -> None:
 
     planned = _Planned(loop)
     for stage, d, it, io, runs in _units(loop):
-        table = stage.config or stage.table
+        table = stage.table
         opts = loop.cfg.options(table, **{**stage.io(planned, d, it), **io})
         opts = dataclasses.replace(opts, **stage.forced(planned))
         done = meta_path(opts.output) if stage is EVAL else stage.done(opts)

@@ -28,7 +28,6 @@ class Stage:
     # a trainer with nothing to learn from is skipped, the model staying as it was: the loop
     # passes `--skipped DIR/TABLE.skipped.json`, which the trainer writes (`skip_file`)
     may_skip: bool = False
-    config: str | None = None  # the config table, when not `table` (loop_config.EXTRA_TABLES)
 
 
 def _judged(cfg: LoopConfig) -> bool:
@@ -53,7 +52,8 @@ def _ckpt(opts: Any) -> Path:  # a checkpoint directory is complete with its rla
 
 def _kl_init(lp: Loop, table: str) -> dict:
     """`kl_ref = "init"`: the KL's reference is the run's first model of that kind (the
-    warm start's adapter, else the base model), the same one in every iteration."""
+    warm start's adapter or init_rm, else the base model), the same one in every
+    iteration."""
     if lp.cfg.tables.get(table, {}).get("kl_ref") != "init":
         return {}
     first = lp.init_policy if table == "train_policy" else lp.init_rm
@@ -115,32 +115,6 @@ WARM_START = (  # runs/NAME/warm_start/, before the base evaluation
     Stage("sft", _ckpt, lambda lp, d, it: dict(
         input=f"{d}/demos.jsonl", output=f"{d}/sft", adapter=None), forced=_warm_shape),
 )
-def _judge_warm_shape(lp: Loop) -> dict:
-    from rlany.stages.loop_config import WARM_SHAPE
-
-    rm = lp.cfg.options("train_rm", input="-", output="-")
-    return {**{k: getattr(rm, k) for k in WARM_SHAPE}, "objective": "logloss"}
-
-
-JUDGE_WARM_START = (  # runs/NAME/judge_warm_start/, before the base evaluation
-    Stage("rollout", _meta, lambda lp, d, it: dict(
-        input=lp.cfg.tasks, output=f"{d}/steps.jsonl", adapter=None, iteration=0),
-        engine=False,  # the env's expert mixed with random actions: both labels, no model
-        forced=lambda lp: dict(expert=True, expert_p=JUDGE_WARM_P, n=JUDGE_WARM_N,
-                               sample_tasks=None, constrain_actions=False)),
-    Stage("judge", _meta, lambda lp, d, it: dict(
-        input=f"{d}/steps.jsonl", output=f"{d}/judgments.jsonl", adapter=None),
-        engine=False,  # the env's step labels as the verdicts, in the judge's prompts
-        forced=lambda lp: dict(labels=True, m=1, select="all", last_step_only=False)),
-    Stage("score", lambda o: meta_path(o.stats), lambda lp, d, it: dict(
-        input=f"{d}/steps.jsonl", output=f"{d}/scored.jsonl", stats=f"{d}/task_stats.jsonl",
-        judgments=f"{d}/judgments.jsonl"),
-        forced=lambda lp: dict(rm_target="label", rm_acc_min=0.0, rm_acc_max=1.0)),
-    Stage("train_rm", _ckpt, lambda lp, d, it: dict(
-        input=f"{d}/scored.jsonl", output=f"{d}/rm", adapter=None, iteration=0),
-        forced=_judge_warm_shape, config="judge_sft"),
-)
-JUDGE_WARM_P, JUDGE_WARM_N = 0.5, 4  # per pool task: 4 episodes, each action expert w.p. 0.5
 EVAL = Stage("eval", eval_done, lambda lp, d, it: dict(
     input=lp.cfg.eval_tasks, output=f"{d}/eval.json", adapter=lp.latest("policy", it + 1),
     judge_adapter=eval_judge(lp.cfg, lp.latest("rm", it + 1))))

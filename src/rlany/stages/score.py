@@ -33,9 +33,10 @@ Reward model (consistency feedback):
     `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
     weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
     cheapest way to agree with R is to say -1 more often, whatever the step.
-    `--rm-target label` (a diagnostic, not the paper's method) puts the env's own step label
-    L_it ∈ {-1, +1} (`info["label"]`) in place of R_it: the same steps and samples, trained
-    toward the truth, which bounds what consistency feedback could teach the judge.
+    `--rm-target label` (supervised, not the paper's label-free method) puts the env's step
+    label L_it ∈ {-1, +1} (`info["label"]`) in place of R_it: a supervised judge
+    (stages/loop/README.md's warm start), or on the loop's steps a bound on what
+    consistency feedback could teach the judge.
 
 Reward model in unit-tests mode (coding; judgments with mode "unit-tests"): the m samples
 are tests T_1..T_m written once for the task, and S_ij = +1 when program i passes T_j.
@@ -117,16 +118,15 @@ class ScoreOptions:
                            "be met by a bias toward -1 (most steps of a hard task fail) and "
                            "teaches which steps are good.", diagnostic=True)
     rm_target: str = opt("outcome", "What a judge verdict must agree with under train-rm's "
-                         "exact objectives (the rm_target field): the trajectory's outcome O "
-                         "(outcome, the sign of the paper's R wherever its sampled estimator "
-                         "trains), the integrated reward R = O + lambda * mean(S), which holds "
-                         "the judge's own verdicts (integrated: a judge that says +1 everywhere "
-                         "gets R = 0 on failures and is never corrected), or the env's step "
-                         "label (label: an upper-bound diagnostic for envs with step labels, "
-                         "e.g. household; a step without one is an error). The sampled "
-                         "estimator's R * S uses R unless label.",
-                         choices=("outcome", "integrated", "label"), diagnostic=True)
-
+                         "exact objectives (rm_target). outcome: the trajectory's outcome O "
+                         "(label-free, the sign of the paper's R where its sampled estimator "
+                         "trains). label: train the judge on the env's step labels "
+                         "(supervised: the judge warm start of stages/loop/README.md; a step "
+                         "without a label is an error). integrated: R = O + lambda * mean(S), "
+                         "which holds the judge's own verdicts (a judge saying +1 everywhere "
+                         "gets R = 0 on failures, is never corrected and collapsed so: "
+                         "research/LOG.md). R * S (sampled) uses R unless label.",
+                         choices=("outcome", "integrated", "label"))
     step_scores: str = opt("judge", "Where S comes from in R = O + lambda * mean(S): the judge's "
                            "verdicts (judge, the paper), the env's own step labels (label: "
                            "the upper bound of step feedback, no judge needed; envs with step "
