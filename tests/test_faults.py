@@ -109,6 +109,7 @@ def test_judge_survives_kills(tmp_path, tasks_file, fake_script):
                       ["judg.jsonl"])
 
 
+@pytest.mark.slow  # 40 s; score's kills mid-write are confirmed in test_kill_resume.py
 def test_score_survives_kills(tmp_path):
     check_kill_points(tmp_path, _score_inputs(tmp_path), 2,
                       ["scored.jsonl", "task_stats.jsonl"])
