@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import make_judgment, make_traj, write_jsonl
+from conftest import make_judgment, make_traj, one_line, write_jsonl
 from rlany.errors import RlanyError
 from rlany.records import Scored, ScoredJudgeSample, ScoredStep
 from rlany.stages.score import ScoreOptions, score_group
@@ -181,6 +181,7 @@ def test_verdict_objective_refuses_reasoning_and_old_records(tiny_model, tmp_pat
     r = cli("train-rm", "-i", str(data), "-o", str(tmp_path / "rm"), "--model", tiny_model,
             "--objective", "logloss")
     assert r.returncode == 1 and "--max-tokens 0" in r.stderr and "Traceback" not in r.stderr
+    assert one_line(r, 1).startswith(f"error: {data}:1: step ")  # the file and line
     old = [Scored(**{**t.__dict__, "steps": [ScoredStep(**{
         **t.steps[0].__dict__, "rm_target": None})]}) for t in toy]
     data = write_jsonl(tmp_path / "old.jsonl", old)

@@ -113,6 +113,17 @@ def _check_adapters_fit(opts: TrainFields, base: str) -> None:
         check_adapter_fits(ref, base, "--kl-ref")
 
 
+def _located(samples, where: str):
+    """The samples an extract yields, its errors about the record (a verdict objective's
+    step with reasoning, ...) located at the record's file:line."""
+    try:
+        yield from samples
+    except RlanyError as e:
+        if e.where is None:
+            e.where = where
+        raise
+
+
 def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
     """Read the input once before any model loads: each record once (`samples.once`), at
     least one sample, every one with a prompt, no negative token id. Returns the highest
@@ -122,7 +133,7 @@ def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
 
     kept, low, high = 0, None, None  # (token id, where): the extreme recorded token ids
     for where, record in once(JsonlReader(path, *plan.records, name=opts.input)):
-        for sample in plan.extract([record]):
+        for sample in _located(plan.extract([record]), where):
             kept += 1
             if not sample.messages:
                 raise RlanyError("a kept sample has no prompt messages", where=where)
