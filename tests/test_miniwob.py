@@ -22,6 +22,7 @@ miniwob = pytest.importorskip("miniwob", reason="needs the miniwob package: pip 
                               "'rlany[gui]'")
 from rlany.envs.browser import MARK, Browser, browser  # noqa: E402
 from rlany.envs.miniwob import MiniwobEnv, make_tasks  # noqa: E402
+from rlany.envs.miniwob_actions import Act  # noqa: E402
 from rlany.envs.miniwob_expert import PLANS  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -212,3 +213,60 @@ def test_browsergym_and_numbered_answers_parse_to_the_action_named():
     # an element not on the page is still tried: the page answers with its error
     assert env._parse("click('9')")[:1] == ("click [9]",)
     assert env._parse("what a lovely page")[0] is None
+    assert env._parse("scroll(0, 10000000)")[:2] == ("scroll 0 10000000",
+                                                     Act("scroll", x=0, y=10000000))
+    for bad in ("scroll(0, 1e400)", "scroll 0 inf", "mouse_click(1234567, 5)"):
+        action, act, info, error = env._parse(bad)
+        assert (action, act, info) == (None, None, {"parse": "bad call"}) and error
+    error = env._act(None)  # no browser is touched: a one-line error, not an exception
+    assert isinstance(error, str) and "\n" not in error
+
+
+def test_only_a_browser_failure_restarts_the_browser(monkeypatch):
+    """A bug of ours (an AttributeError) is raised as is; a WebDriver error restarts the
+    browser and runs again, once."""
+    from selenium.common.exceptions import WebDriverException
+
+    from rlany.envs import miniwob as module
+
+    restarts = []
+
+    class FakeBrowser:
+        def restart(self):
+            restarts.append(1)
+
+    monkeypatch.setattr(module, "browser", FakeBrowser)
+    env = MiniwobEnv()
+    env.spec, env.retries = {"task": "click-test", "seed": 1}, 0
+    monkeypatch.setattr(env, "_attach", lambda: None)
+    with pytest.raises(AttributeError):
+        env._safely(lambda: None.verb)
+    assert restarts == [] and env.retries == 0
+    tries = []
+
+    def flaky():
+        tries.append(1)
+        if len(tries) == 1:
+            raise WebDriverException("chrome not reachable")
+        return "ran"
+
+    assert env._safely(flaky) == "ran" and restarts == [1] and env.retries == 1
+
+
+@needs_chromium
+def test_a_reset_that_fails_gives_its_tab_back(monkeypatch):
+    from rlany.envs import miniwob_page
+
+    env = MiniwobEnv()
+    real = miniwob_page.elements
+
+    def broken(*a):
+        raise ValueError("the page cannot be read")
+    monkeypatch.setattr(miniwob_page, "elements", broken)
+    with pytest.raises(ValueError, match="cannot be read"):
+        env.reset(task("click-test"))
+    assert env.tab is None and env._release is None
+    monkeypatch.setattr(miniwob_page, "elements", real)
+    free = len(browser().free)
+    assert env.reset(task("click-test")).startswith("Instruction:")
+    assert len(browser().free) == free - 1  # the tab it gave back, taken again

@@ -54,11 +54,31 @@ def numbered(env: MiniwobEnv, action: str) -> str:
     ("hover('7')", "hover [7]"),
     ("scroll(0, -100)", "scroll 0 -100"),
     ("mouse_click(80.5, 120)", "click at 80.5 120"),
+    ("scroll(0, 10000000)", "scroll 0 10000000"),  # exactly, not 1e+07
+    ("mouse_click(499, 0.125)", "click at 499 0.125"),
+    ("press('5', 'a\\nb')", 'press "a\nb" on [5]'),
 ])
 def test_each_call_has_a_plain_form_that_reads_back_the_same(call, plain):
     act, error = acts.from_call(call)
     assert error is None and acts.show(act, []) == plain
-    assert acts.from_plain(plain) == act
+    assert acts.from_plain(plain) == (act, None)
+
+
+@pytest.mark.parametrize("answer, why", [
+    ("scroll(0, 1e400)", "scroll(delta_x, delta_y): the numbers must be finite"),
+    ("scroll(0, 2**40)", "scroll(delta_x, delta_y): the arguments must be literal values"),
+    ("scroll(0, 10000000000)", "scroll(delta_x, delta_y): a scroll moves at most 2147483647 "
+                               "pixels"),
+    ("mouse_click(1234567, 5)", "mouse_click(x, y): (1234567, 5) is off the page (x in "
+                                "0..499, y in 0..399)"),
+    ("mouse_click(-1, 5)", "mouse_click(x, y): (-1, 5) is off the page"),
+    ("scroll 0 inf", "scroll DX DY: the numbers must be finite"),
+    ("scroll 0 NaN", "scroll DX DY: the numbers must be finite"),
+    ("click at 1e+07 5", "click at X Y: (10000000, 5) is off the page"),
+])
+def test_numbers_the_page_cannot_take_are_refused_in_one_line(answer, why):
+    act, error = acts.from_call(answer) if "(" in answer else acts.from_plain(answer)
+    assert act is None and error.startswith(why) and "\n" not in error
 
 
 def test_a_call_with_wrong_arguments_says_what_is_wrong():
@@ -217,11 +237,37 @@ def test_hover_scroll_and_a_coordinate_click():
     assert r.action.startswith(f"hover [{button['ref']}] button") and "Error" not in r.obs
     assert env.step("scroll(0, 50)").action == "scroll 0 50"
     r = env.step("mouse_click(900, 900)")  # outside the window
-    assert r.obs.startswith("Error: click_at failed:")
+    assert r.obs.startswith("Error: mouse_click(x, y): (900, 900) is off the page")
     node = next(n for n in _nodes(env.state["dom"]) if n.get("ref") == button["ref"])
     x, y = node["left"] + node["width"] / 2, node["top"] + node["height"] / 2
     r = env.step(f"mouse_click({x:.0f}, {y:.0f})")
     assert r.done and r.success and r.action == f"click at {x:.0f} {y:.0f}"
+
+
+@needs_chromium
+def test_what_the_listed_form_cannot_carry_runs_as_read_without_a_browser_restart():
+    """Numbers and keys whose listed line would not read back (`scroll 0 1e+07`, a key with
+    a newline) run as they were read, or are refused in one line: no exception, no
+    browser restart, no replay."""
+    from rlany.envs.browser import browser
+
+    env, obs = start("click-test")
+    b = browser()
+    restarts, generation = b.restarts, b.generation
+    r = env.step("scroll(0, 10000000)")
+    assert r.action == "scroll 0 10000000" and "action_error" not in r.info
+    button = row(env, "button")
+    for answer, why in [("mouse_click(1234567, 5)", "(1234567, 5) is off the page"),
+                        ("scroll(0, 1e400)", "the numbers must be finite"),
+                        ("click at 1.23457e+06 5", "is off the page"),
+                        (f"press('{button['ref']}', 'a\\nb')", "press: unknown key 'a\\nb'")]:
+        r = env.step(answer)
+        assert not r.done and why in r.info["action_error"], (answer, r.info)
+        assert r.obs.startswith("Error: ") and "\n" not in r.info["action_error"]
+        assert "browser_retries" not in r.info
+    assert (b.restarts, b.generation) == (restarts, generation)
+    r = env.step(f"click('{button['ref']}')")  # the page still works
+    assert r.done and r.success
 
 
 def _nodes(node: dict):
@@ -243,4 +289,4 @@ def test_the_new_experts_solve_their_pages(name):
 
 
 def test_act_is_a_plain_value():
-    assert Act("click", ref=3) == acts.from_plain('click [3] button "Whatever it says"')
+    assert (Act("click", ref=3), None) == acts.from_plain('click [3] button "Whatever it says"')

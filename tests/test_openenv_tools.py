@@ -4,6 +4,8 @@ reads and the one-line tool error. test_openenv_package.py plays them on a real 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from rlany.envs.openenv_tools import (
@@ -38,6 +40,13 @@ TOOLS = read_tools({"tools": [
      ("get-note", {"title": "t", "name": "look"})),  # the outermost object is the call
     ("look", ("look", {})),
     ("**look**.", ("look", {})),
+    # only calls of a listed tool count, and of those the last one, whatever its form
+    ('I see {"name": "Bob"}. move(dir="n")', ("move", {"dir": "n"})),
+    ('{"tool": "move", "arguments": {"dir": "s"}} no: move(dir="n")', ("move", {"dir": "n"})),
+    ('move(dir="n") no: {"tool": "move", "arguments": {"dir": "s"}}', ("move", {"dir": "s"})),
+    ('{"tool": "get-note", "arguments": {"title": "look()"}}', ("get-note", {"title": "look()"})),
+    ("""get-note(title='{"tool": "look"}')""", ("get-note", {"title": '{"tool": "look"}'})),
+    ('move(dir="n") ' + "f(x=)" * 4000, ("move", {"dir": "n"})),  # a degenerate tail
 ])
 def test_both_call_forms_decode(response, call):
     assert parse(response, TOOLS) == call
@@ -46,6 +55,7 @@ def test_both_call_forms_decode(response, call):
 @pytest.mark.parametrize("response, why", [
     ("I am not sure.", "the response holds no tool call"),
     ('jump(dir="n")', "no tool is named 'jump' (the tools: move, get-note, look)"),
+    ('I see {"name": "Bob"}.', "no tool is named 'Bob'"),
     ("move()", "move needs dir"),
     ('move(dir="n", speed=3)', "move takes no argument 'speed' (it takes dir, run)"),
     ("move(n)", "argument dir is not a literal value"),
@@ -55,6 +65,19 @@ def test_both_call_forms_decode(response, call):
 def test_what_is_no_call_is_said_in_one_line(response, why):
     with pytest.raises(BadCall, match="^" + why.replace("(", r"\(").replace(")", r"\)")):
         parse(response, TOOLS)
+
+
+@pytest.mark.parametrize("response", [
+    "f(x=)" * 4000, 'move(dir=)' * 2000, "f(" * 20000, "move(" * 4000, "f(')" * 5000,
+    '{"a": ' * 4000, "{" * 20000, '{"tool": [' * 2000])
+def test_a_degenerate_response_is_decoded_in_well_under_a_second(response):
+    """Each `name(` is closed by one scan of its brackets and quotes, and only the last few
+    are tried: not ast.parse at every `)` after every `name(` (25 s for 8,000 characters)."""
+    assert len(response) >= 20000
+    began = time.perf_counter()
+    with pytest.raises(BadCall):
+        parse(response, TOOLS)
+    assert time.perf_counter() - began < 0.5
 
 
 def test_calls_menu_and_tool_errors():

@@ -63,6 +63,9 @@ shutil.rmtree(profile, ignore_errors=True)
 """
 
 
+WINDOW = (500, 400)  # the window's width and height in pixels (a click off it is refused)
+
+
 def paths() -> tuple[str, str]:
     """(chromium, chromedriver), or a one-line error naming what is missing."""
     chrome = os.environ.get("MINIWOB_CHROME_BINARY") or CHROMIUM
@@ -113,7 +116,7 @@ class Browser:
         options = webdriver.ChromeOptions()
         options.binary_location = chrome
         for arg in ("headless=new", "disable-gpu", "no-sandbox", "disable-dev-shm-usage",
-                    "window-size=500,400", "no-first-run", "disable-extensions",
+                    "window-size={},{}".format(*WINDOW), "no-first-run", "disable-extensions",
                     f"user-data-dir={self._profile}"):
             options.add_argument(arg)
         env = {**os.environ, MARK: self.mark}

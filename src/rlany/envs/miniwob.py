@@ -22,9 +22,11 @@ Actions are BrowserGym's high-level set (`miniwob_actions`): click, fill, select
 press, hover, scroll and mouse_click, answered as a listed line (its number or its text:
 `type "KENETH" into [5]`) or as BrowserGym's call (`fill('5', 'KENETH')`); the text typed
 is exactly the text answered. A listed line answered with a slip maps to the nearest one
-(`rlany.envs.parse_action`). An action the page cannot do (no such element, not a text
-field, no such option) is answered "Error: ..." in one line before the next observation; an
-answer that names no action is answered "Nothing happens.". The episode ends when MiniWoB
+(`rlany.envs.parse_action`). The action runs as it was read (not re-read from its listed
+line). An action the page cannot do (no such element, not a text field, no such option, an
+unknown key, numbers that are not finite or a click off the window) is answered
+"Error: ..." in one line before the next observation; an answer that names no action is
+answered "Nothing happens.". The episode ends when MiniWoB
 ends it (success: MiniWoB's raw reward > 0) or at max_steps. MiniWoB's 10-second episode
 timer is lifted (a policy model may take longer to answer) and its reward is not
 time-scaled.
@@ -44,10 +46,12 @@ click-button -> click-button-sequence; enter-text -> enter-password -> login-use
 same seed, or moves max_steps by one.
 
 The browser (`browser`): one headless Chromium per process, a tab per live episode, tabs
-reused by later episodes, none left behind when the process dies. If the browser fails,
-it is restarted and the episode replayed from its seed and actions (a page is a function
-of its seed), once per call; each such retry is counted in the step's
-info["browser_retries"] and said on stderr. A second failure ends the episode as an error.
+reused by later episodes, none left behind when the process dies; a reset that fails gives
+its tab back. If the browser fails (a WebDriver error, or its connection lost), it is
+restarted and the episode replayed from its seed and actions (a page is a function of its
+seed), once per call; each such retry is counted in the step's info["browser_retries"] and
+said on stderr. A second failure ends the episode as an error; any other exception is a bug
+and is raised as it is, with no restart.
 """
 
 from __future__ import annotations
@@ -113,13 +117,19 @@ class MiniwobEnv:
         problems = self.validate(task.spec)
         if problems:
             raise RlanyError(f"bad miniwob spec: {'; '.join(problems)}")
+        self.close()  # a tab of an earlier episode shows another page
         self.spec = {"max_steps": PLANS.get(task.spec["task"], (3,))[0] + SLACK,
                      "screens": "record", **task.spec}
         self.url = (html_dir() / f"{self.spec['task']}.html").as_uri()
-        self.history: list[str] = []  # actions executed in the page, for a replay
+        self.history: list[str] = []  # actions executed in the page, listed form
+        self.ran: list[acts.Act | None] = []  # the same as read: replayed as they ran
         self.steps, self.begun, self.retries, self.fields = 0, False, 0, None
         self.pointer = list(acts.POINTER)
-        self._observe()
+        try:
+            self._observe()
+        except BaseException:
+            self.close()  # the tab goes back to the pool
+            raise
         text = self._text()
         if self.spec.get("hint"):
             text = text.replace("\nPage elements:", f"\nHint: {self.spec['hint']}\n"
@@ -130,12 +140,13 @@ class MiniwobEnv:
 
     def step(self, response: str) -> StepResult:
         self.steps += 1
-        action, info, error = self._parse(response)
+        action, act, info, error = self._parse(response)
         good = set(self._expert()) if self.spec["task"] in PLANS else None
         before, retries = self.screen, self.retries
         if action is not None:
-            error = self._safely(lambda: self._act(action))
+            error = self._safely(lambda: self._act(act))
             self.history.append(action)
+            self.ran.append(act)
         if error:
             info["action_error"] = error
         self._observe()
@@ -234,26 +245,30 @@ class MiniwobEnv:
             return []
         return expert(self.spec["task"], self.fields, self.rows, self.history)
 
-    def _parse(self, response: str) -> tuple[str | None, dict, str | None]:
-        """(the action in its listed form or None, how it was read, what is wrong with a
-        call that names an action but cannot be read). A number or a listed line first,
-        else BrowserGym's call or our plain form exactly as answered (any ref, any text:
-        `type "keneth"` types keneth even where only KENETH is listed), else the nearest
-        listed line."""
+    def _parse(self, response: str) -> tuple[str | None, acts.Act | None, dict, str | None]:
+        """(the action in its listed form or None, the action as read, how it was read,
+        what is wrong with a call that names an action but cannot be read). A number or a
+        listed line first, else BrowserGym's call or our plain form exactly as answered
+        (any ref, any text: `type "keneth"` types keneth even where only KENETH is listed),
+        else the nearest listed line."""
         lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
         raw = _PREFIX.sub("", lines[-1]).strip() if lines else ""
         act, error = acts.from_call(raw)
+        how = "call"
+        if act is None and not error:
+            found, info = parse_action(response, self.actions)
+            listed = acts.from_plain(found)[0] if found is not None else None
+            if info["parse"] == "number" or (found is not None and found == raw):
+                return found, listed, info, None
+            act, error = acts.from_plain(raw)
+            if act is None and not error:
+                act, error = acts.from_plain(raw.rstrip("."))
+            if act is None and not error:  # the nearest listed line, or none
+                return found, listed, info, None
+            how = "plain"
         if error:
-            return None, {"parse": "bad call"}, error
-        if act is not None:
-            return acts.show(act, self.rows), {"parse": "call"}, None
-        found, info = parse_action(response, self.actions)
-        if info["parse"] == "number" or (found is not None and found == raw):
-            return found, info, None
-        act = acts.from_plain(raw) or acts.from_plain(raw.rstrip("."))
-        if act is not None:
-            return acts.show(act, self.rows), {"parse": "plain"}, None
-        return found, info, None
+            return None, None, {"parse": "bad call"}, error
+        return acts.show(act, self.rows), act, {"parse": how}, None
 
     def _observe(self) -> None:
         def read():
@@ -273,9 +288,11 @@ class MiniwobEnv:
 
         return save_screen(browser().driver.find_element(By.ID, "wrap").screenshot_as_png)
 
-    def _act(self, action: str) -> str | None:
-        """Do a listed-form action in the page; None, or the page's error in one line."""
-        return acts.run(browser().driver, acts.from_plain(action), self.pointer)
+    def _act(self, act: acts.Act | None) -> str | None:
+        """Do the action in the page; None, or the page's error in one line."""
+        if act is None:  # a listed line that does not read as an action: say so, go on
+            return "the action cannot be run (it reads as no action)"
+        return acts.run(browser().driver, act, self.pointer)
 
     def _attach(self) -> None:
         """Switch to this episode's tab (a dead browser's tab: a new one), begin the
@@ -294,7 +311,9 @@ class MiniwobEnv:
                 break
             time.sleep(0.02)
         else:
-            raise RuntimeError(f"the page {self.url} did not load")
+            from selenium.common.exceptions import TimeoutException
+
+            raise TimeoutException(f"the page {self.url} did not load")
         b.driver.execute_script(_BEGIN, self.spec["seed"])
         for _ in range(50):
             if b.driver.execute_script("return WOB_TASK_READY;"):
@@ -302,21 +321,20 @@ class MiniwobEnv:
             time.sleep(0.02)
         b.driver.execute_script("core.getDOMInfo();")  # numbers the elements (refs)
         self.pointer = list(acts.POINTER)
-        for action in self.history:  # as they were: the same refs, in the same order
-            self._act(action)
+        for act in self.ran:  # as they ran: the same refs, in the same order
+            self._act(act)
             b.driver.execute_script("core.getDOMInfo();")
         self.begun = True
 
     def _safely(self, fn):
-        """Run fn in this episode's tab; if the browser fails, restart it and replay once."""
+        """Run fn in this episode's tab; if the browser fails, restart it and replay once.
+        Only the browser's failures (`_browser_failures`): a bug of ours is raised as is."""
         from rlany.console import info as say
 
         try:
             self._attach()
             return fn()
-        except RlanyError:
-            raise
-        except Exception as e:
+        except _browser_failures() as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             say(f"miniwob: the browser failed ({type(e).__name__}: {first}); restarting it "
                  f"and replaying the episode ({self.spec['task']} seed {self.spec['seed']})")
@@ -324,6 +342,16 @@ class MiniwobEnv:
             self.retries += 1
             self._attach()
             return fn()
+
+
+def _browser_failures() -> tuple[type[BaseException], ...]:
+    """What a failed browser raises: WebDriver's errors, and a lost connection to it."""
+    from http.client import HTTPException
+
+    from selenium.common.exceptions import WebDriverException
+    from urllib3.exceptions import HTTPError
+
+    return WebDriverException, HTTPError, HTTPException, ConnectionError
 
 
 def _extract(task: str, utterance: str) -> list:

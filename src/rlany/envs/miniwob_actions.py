@@ -26,16 +26,21 @@ it (Chromium reads them by its locale, en-US here); it fails when the field stay
 Left/Right, Home, End, PageUp, PageDown, Insert, Space, F1-F12, KeyA/Digit0-style names or
 one character, with modifiers Control, Shift, Alt, Meta joined by `+`. `scroll` turns the
 wheel where the pointer is (the last hover or coordinate click; at first the task area's
-centre, 80,130). `run` returns the page's error in one line when an action cannot be done
-(no such element, not a text field, no such option, an unknown key, a point off the page).
+centre, 80,130). Numbers are read as written and shown exactly (`scroll 0 10000000`);
+either form refuses, in one line, numbers that are not finite, a scroll past 2^31-1 pixels
+and a click off the 500x400 window. `run` returns the page's error in one line when an
+action cannot be done (no such element, not a text field, no such option, an unknown key).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from dataclasses import dataclass
+
+from rlany.envs.browser import WINDOW
 
 # call name -> its parameters, BrowserGym's names
 CALLS = {"click": ("bid",), "fill": ("bid", "value"), "select_option": ("bid", "options"),
@@ -45,6 +50,7 @@ VERBS = {"click": "click", "fill": "type", "select_option": "select", "press": "
          "hover": "hover", "scroll": "scroll", "mouse_click": "click_at"}
 SET_VALUE = {"date", "time", "month", "week", "color", "range", "datetime-local"}
 POINTER = (80, 130)  # the pointer's place before any hover or coordinate click
+MAX_DELTA = 2**31 - 1  # WebDriver's wheel deltas are 32-bit integers
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,28 @@ class Act:
 
 
 def _num(v: float) -> str:
-    return f"{v:g}"
+    """Exactly as it reads back: 10000000 (not 1e+07), 80.5."""
+    return str(int(v)) if v.is_integer() else repr(v)
+
+
+def _float(v: int | float) -> float:
+    try:
+        return float(v)
+    except OverflowError:  # an int past float's range
+        return math.inf if v > 0 else -math.inf
+
+
+def _numbers(verb: str, x: float, y: float) -> str | None:
+    """What is wrong with a scroll's deltas or a click's point (one line), else None."""
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return "the numbers must be finite"
+    if verb == "scroll":
+        return None if max(abs(x), abs(y)) <= MAX_DELTA else \
+            f"a scroll moves at most {MAX_DELTA} pixels"
+    if 0 <= x < WINDOW[0] and 0 <= y < WINDOW[1]:
+        return None
+    return (f"({x:.10g}, {y:.10g}) is off the page (x in 0..{WINDOW[0] - 1}, "
+            f"y in 0..{WINDOW[1] - 1})")
 
 
 def show(act: Act, rows: list[dict]) -> str:
@@ -80,33 +107,37 @@ def show(act: Act, rows: list[dict]) -> str:
     return f"click at {_num(act.x)} {_num(act.y)}"
 
 
-_N = r"(-?\d+(?:\.\d+)?)"
+_N = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?i:inf(?:inity)?|nan))"
 _PLAIN = [
     ("click", re.compile(r"click \[(\d+)\](?:\s.*)?", re.DOTALL)),
     ("hover", re.compile(r"hover \[(\d+)\](?:\s.*)?", re.DOTALL)),
     ("type", re.compile(r'type "(.*)" into \[(\d+)\]', re.DOTALL)),
     ("select", re.compile(r'select ("(?:.*)"|\[.*\]) in \[(\d+)\]', re.DOTALL)),
-    ("press", re.compile(r'press "(.+)" on \[(\d+)\]')),
+    ("press", re.compile(r'press "(.+)" on \[(\d+)\]', re.DOTALL)),
     ("scroll", re.compile(rf"scroll \(?{_N},?\s+{_N}\)?")),
     ("click_at", re.compile(rf"click at \(?{_N},?\s+{_N}\)?")),
 ]
 
 
-def from_plain(line: str) -> Act | None:
-    """The plain form (`type "x" into [5]`), else None."""
+def from_plain(line: str) -> tuple[Act | None, str | None]:
+    """The plain form (`type "x" into [5]`) -> (the action, None); a scroll or a click at
+    numbers it cannot do -> (None, what is wrong); anything else (None, None)."""
     for verb, rx in _PLAIN:
         m = rx.fullmatch(line.strip())
         if not m:
             continue
         if verb in ("click", "hover"):
-            return Act(verb, ref=int(m[1]))
+            return Act(verb, ref=int(m[1])), None
         if verb in ("type", "press"):
-            return Act(verb, ref=int(m[2]), text=m[1])
+            return Act(verb, ref=int(m[2]), text=m[1]), None
         if verb == "select":
             opts = _options(m[1][1:-1] if m[1].startswith('"') else _literal(m[1]))
-            return Act(verb, ref=int(m[2]), options=opts) if opts else None
-        return Act(verb, x=float(m[1]), y=float(m[2]))
-    return None
+            return (Act(verb, ref=int(m[2]), options=opts), None) if opts else (None, None)
+        x, y = float(m[1]), float(m[2])
+        why = _numbers(verb, x, y)
+        usage = "scroll DX DY" if verb == "scroll" else "click at X Y"
+        return (None, f"{usage}: {why}") if why else (Act(verb, x=x, y=y), None)
+    return None, None
 
 
 def _literal(text: str):
@@ -165,7 +196,9 @@ def from_call(line: str) -> tuple[Act | None, str | None]:
     x, y = (args[p] for p in params)
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y)):
         return None, f"{usage}: {params[0]} and {params[1]} must be numbers"
-    return Act(verb, x=float(x), y=float(y)), None
+    x, y = _float(x), _float(y)
+    why = _numbers(verb, x, y)
+    return (None, f"{usage}: {why}") if why else (Act(verb, x=x, y=y), None)
 
 
 # -- running them in the browser -----------------------------------------------------------

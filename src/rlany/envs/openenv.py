@@ -112,13 +112,16 @@ class OpenenvEnv:
                                                    float(spec.get("start_timeout_s", 60)))
         self.retries, self.total, self.steps, self.tools = 0, 0.0, 0, None
         data = self._open(url, timeout)
-        if data.get("done"):
+        try:  # a reset that fails gives its session back (a 1-session server needs it)
+            if data.get("done"):
+                raise RlanyError("openenv: the server ended the episode at reset")
+            self.field, self.kind = self._action_field(url, timeout)
+            if self.kind == "tools":
+                self.tools = self._list_tools()
+            text, images = self._observe(data)
+        except BaseException:
             self.close()
-            raise RlanyError("openenv: the server ended the episode at reset")
-        self.field, self.kind = self._action_field(url, timeout)
-        if self.kind == "tools":
-            self.tools = self._list_tools()
-        text, images = self._observe(data)
+            raise
         return Observation(text=text, images=images) if images else text
 
     def step(self, response: str) -> StepResult:

@@ -12,7 +12,7 @@ carries the reward and `done` (openenv's MCPToolClient plays simulation mode thi
 
 The listed tools are the action space: the first observation lists each as a signature
 (`guess_letter(letter: "a" | "b" | ...)`) with its description, and a response is decoded
-into one call, in either form (the last one in the response counts):
+into one call, in either form (of the calls naming a listed tool, the last one counts):
     guess_letter(letter="e")                       a Python-style call: keyword arguments,
         or positional ones in the schema's order; values are literals (JSON's true/false/
         null too); a tool without arguments may be named alone
@@ -33,6 +33,7 @@ import contextlib
 import itertools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_CALLS = 512  # more enumerated calls than this is no menu for constrained decoding
@@ -137,16 +138,29 @@ def calls(tools: list[Tool]) -> list[str]:
 
 
 def parse(response: str, tools: list[Tool]) -> tuple[str, dict]:
-    """The call the response makes: (tool name, arguments); BadCall says why not."""
+    """The call the response makes: (tool name, arguments); BadCall says why not. Of the
+    calls in either form that name a listed tool, the last one (not one written inside
+    another, as a JSON call's argument); else a line that is only a tool's name; else what
+    the last call names."""
     by_name = {t.name: t for t in tools}
-    found = _json_call(response) or _python_call(response, by_name)
-    if found is None:
+    found = sorted(_json_calls(response) + _python_calls(response, by_name),
+                   key=lambda c: c.start)
+    outer, reach = [], -1  # the calls of listed tools, less those inside an earlier one
+    for c in (c for c in found if c.name in by_name):
+        if c.end > reach:
+            outer.append(c)
+            reach = c.end
+    if outer:
+        name, arguments = outer[-1].name, outer[-1].arguments()
+    elif (word := _bare_name(response, by_name)) is not None:
+        name, arguments = word, {}
+    elif found:
+        raise BadCall(f"no tool is named {found[-1].name[:40]!r} (the tools: "
+                      f"{', '.join(by_name)})")
+    else:
         raise BadCall("the response holds no tool call (name(arg=value) or {\"tool\": name, "
                       "\"arguments\": {...}})")
-    name, arguments = found
-    tool = by_name.get(name)
-    if tool is None:
-        raise BadCall(f"no tool is named {name[:40]!r} (the tools: {', '.join(by_name)})")
+    tool = by_name[name]
     missing = [p for p in tool.required if p not in arguments]
     if missing:
         raise BadCall(f"{name} needs {', '.join(missing)}")
@@ -157,58 +171,123 @@ def parse(response: str, tools: list[Tool]) -> tuple[str, dict]:
     return name, arguments
 
 
-def json_objects(text: str) -> list[dict]:
-    """The JSON objects written in the text, outermost ones only, in order."""
-    decoder, found, at = json.JSONDecoder(), [], text.find("{")
-    while at >= 0:
+@dataclass(frozen=True)
+class _Call:
+    start: int  # where it is written: text[start:end]
+    end: int
+    name: str
+    arguments: Callable[[], dict]  # read when it is the call taken (BadCall says why not)
+
+
+_OBJECT = re.compile(r"\{\s*[\"}]")  # where a JSON object can begin
+DEEP_SKIP = 256  # objects not tried after one nested past Python's recursion limit
+
+
+def _json_spans(text: str) -> list[tuple[int, int, dict]]:
+    """The JSON objects written in the text, outermost ones only, in order, with where.
+    After an object nested past the recursion limit the next DEEP_SKIP beginnings (inside
+    it, as deep) are not tried: a degenerate `{"a": {"a": ...` costs a linear time."""
+    decoder, found, reach, skip = json.JSONDecoder(), [], 0, 0
+    for k, m in enumerate(_OBJECT.finditer(text)):
+        if m.start() < reach or k < skip:
+            continue
         try:
-            obj, end = decoder.raw_decode(text, at)
+            obj, end = decoder.raw_decode(text, m.start())
+        except RecursionError:
+            skip = k + DEEP_SKIP
+            continue
         except ValueError:
-            at = text.find("{", at + 1)
             continue
         if isinstance(obj, dict):
-            found.append(obj)
-        at = text.find("{", end)
+            found.append((m.start(), end, obj))
+            reach = end
     return found
 
 
-def _json_call(text: str) -> tuple[str, dict] | None:
-    for obj in reversed(json_objects(text)):
+def json_objects(text: str) -> list[dict]:
+    """The JSON objects written in the text, outermost ones only, in order."""
+    return [obj for _, _, obj in _json_spans(text)]
+
+
+def _json_calls(text: str) -> list[_Call]:
+    found = []
+    for start, end, obj in _json_spans(text):
         name = next((obj[k] for k in ("tool", "name", "tool_name") if k in obj), None)
         if isinstance(name, str):
-            arguments = obj.get("arguments", obj.get("args", {}))
-            if isinstance(arguments, str):  # OpenAI's function call: arguments as JSON text
-                with contextlib.suppress(ValueError):
-                    arguments = json.loads(arguments)
-            if not isinstance(arguments, dict):
-                raise BadCall("the call's arguments must be a JSON object")
-            return name, arguments
-    return None
+            found.append(_Call(start, end, name, lambda obj=obj: _json_arguments(obj)))
+    return found
+
+
+def _json_arguments(obj: dict) -> dict:
+    arguments = obj.get("arguments", obj.get("args", {}))
+    if isinstance(arguments, str):  # OpenAI's function call: arguments as JSON text
+        with contextlib.suppress(ValueError, RecursionError):
+            arguments = json.loads(arguments)
+    if not isinstance(arguments, dict):
+        raise BadCall("the call's arguments must be a JSON object")
+    return arguments
 
 
 _CALL = re.compile(r"\b([A-Za-z_][\w.-]*)(\s*)\(")
+LAST_STARTS = 8  # `name(`s of listed tools, and of other names, tried from the last
+MAX_CALL = 4000  # characters one call may span
 
 
-def _python_call(text: str, by_name: dict[str, Tool]) -> tuple[str, dict] | None:
-    """The last `name(...)` in the text that parses as a call (a listed tool's name first;
-    another name only when "(" follows it at once), or a line that is only a tool's name
-    (a tool without arguments). A name need not be an identifier (MCP allows `get-x`)."""
+def _python_calls(text: str, by_name: dict[str, Tool]) -> list[_Call]:
+    """The last `name(...)`s in the text that parse as calls: a listed tool's name, or
+    another name when "(" follows it at once. Each `(` is closed by one scan of brackets
+    and quotes (`_closing`) and parsed once; only the last LAST_STARTS of each kind are
+    tried, so a degenerate response costs no more than a short one. A name need not be
+    an identifier (MCP allows `get-x`)."""
     starts = [m for m in _CALL.finditer(text) if m.group(1) in by_name or not m.group(2)]
-    starts.sort(key=lambda m: (m.group(1) in by_name, m.start()), reverse=True)
-    for m in starts:
-        ends = [i + 1 for i, c in enumerate(text[m.end(1):m.end(1) + 2000], m.end(1))
-                if c == ")"]
-        for end in ends:
-            try:
-                node = ast.parse("f" + text[m.end(1):end].strip(), mode="eval").body
-            except SyntaxError:
-                continue
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                return m.group(1), _arguments(node, by_name.get(m.group(1)))
+    listed = [m for m in starts if m.group(1) in by_name][-LAST_STARTS:]
+    other = [m for m in starts if m.group(1) not in by_name][-LAST_STARTS:]
+    found = []
+    for m in listed + other:
+        end = _closing(text, m.end() - 1)
+        if end is None:
+            continue
+        try:
+            node = ast.parse("f" + text[m.end(1):end].strip(), mode="eval").body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            tool = by_name.get(m.group(1))
+            found.append(_Call(m.start(), end, m.group(1),
+                               lambda node=node, tool=tool: _arguments(node, tool)))
+    return found
+
+
+def _closing(text: str, at: int) -> int | None:
+    """Just past the `)` that closes the `(` at `at`, counting brackets and skipping
+    Python strings; None when it is not closed within MAX_CALL characters."""
+    depth, quote, k, stop = 0, "", at, min(len(text), at + MAX_CALL)
+    while k < stop:
+        c = text[k]
+        if quote:
+            if c == "\\":
+                k += 1
+            elif text.startswith(quote, k):
+                k, quote = k + len(quote) - 1, ""
+        elif c in "'\"":
+            quote = c * 3 if text.startswith(c * 3, k) else c
+            k += len(quote) - 1
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return k + 1 if c == ")" else None
+        k += 1
+    return None
+
+
+def _bare_name(text: str, by_name: dict[str, Tool]) -> str | None:
+    """The last line that is only a tool's name (a tool without arguments)."""
     for line in reversed(text.strip().splitlines()):
         word = line.strip().strip("`*. ")
         if word in by_name:
-            return word, {}
+            return word
     return None
 
 

@@ -192,8 +192,8 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
         for e in live:
             if e.finish is None and len(e.steps) >= opts.max_steps:
                 e.finish = "max_steps"
-            if e.finish is not None and hasattr(e.env, "close"):
-                e.env.close()  # its tab or session is free for a waiting episode
+            if e.finish is not None:
+                _close(e.env, f"{e.task.task_id} sample {e.sample}")  # free for a waiting one
     for task in tasks:
         group = [e for e in episodes if e.task.task_id == task.task_id]
         yield [_trajectory(e, opts, policy) for e in group]
@@ -215,6 +215,7 @@ def _start(task: Task, sample: int, make_env: Callable[[str], Environment],
     try:
         obs, images = split_obs(env.reset(task))
     except Exception as e:  # a broken task must not take the batch down with it
+        _close(env, f"{task.task_id} sample {sample}")  # what the reset opened, if it did
         if isinstance(e, EnvBusy) and may_wait:
             return None
         episode.finish, episode.error = "error", f"reset: {type(e).__name__}: {e}"
@@ -223,6 +224,18 @@ def _start(task: Task, sample: int, make_env: Callable[[str], Environment],
     episode.messages = [{"role": "user", "content": user_content(first, images)}]
     episode.obs, episode.images = obs, images
     return episode
+
+
+def _close(env: Environment, which: str) -> None:
+    """Give the env's tab or session back; a close that fails is said, and play goes on."""
+    try:
+        if hasattr(env, "close"):
+            env.close()
+    except Exception as exc:
+        from rlany.console import info
+
+        info(f"rollout: closing the env of {which} failed ({type(exc).__name__}: {exc}); "
+             "going on")
 
 
 def _advance(e: _Episode, request_messages: list[dict], completion: Completion,
