@@ -78,8 +78,9 @@ def test_a_stale_adapter_on_one_endpoint_fails_naming_it(two, tmp_path):
                                    timeout_s=5))
     request = Request([{"role": "user", "content": "q"}], Sampling(max_tokens=2),
                       adapter=_adapter(tmp_path))
-    with pytest.raises(RlanyError, match="did not reach the engine"):
+    with pytest.raises(RlanyError, match="did not reach the engine") as err:
         eng.generate([request, request])
+    assert err.value.message.startswith(two[1][2])  # the stale endpoint, named
     sent = [p for _, h, _ in two for p, _ in h.seen if p.endswith("chat/completions")]
     assert sent == []  # nothing rolled out with another policy
 

@@ -97,11 +97,21 @@ class OpenAIEngine:
         path = str(Path(adapter).resolve())
         if path not in self._adapters:
             name = "rlany-" + hashlib.sha256(path.encode()).hexdigest()[:12]
-            self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path},
-                       reply=False)
+            try:
+                self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path},
+                           reply=False)
+            except RlanyError as e:  # another process loaded it there (a stage before,
+                if "already been loaded" not in e.message:  # a shard): the probe below
+                    raise  # tells whether that is these weights or stale ones
             self._adapters[path] = name
             self.probes.loaded(adapter, path, lambda probe: self._probe_logprobs(probe, name))
-        self.probes.require(path)
+        try:
+            self.probes.require(path)
+        except RlanyError as e:  # which server, and the server's own way to go stale
+            raise RlanyError(f"{self.base_url}: {e.message}", where=e.where,
+                             hint=f"{e.hint}, or a server that still serves older weights "
+                                  f"under {self._adapters[path]} (unload it: POST "
+                                  "/v1/unload_lora_adapter, or restart the server)") from None
         return self._adapters[path]
 
     def _probe_logprobs(self, probe: dict, name: str) -> list[float] | str:
