@@ -37,6 +37,10 @@ dtype = "float32"
     ('train = "accelerate --num_processes 2"', "accelerate needs its `launch` command"),
     ('train = "torchrun --nproc_per_node 2 -m rlany"', "names a program of its own ('-m')"),
     ('train = "torchrun train.py"', "names a program of its own ('train.py')"),
+    ('train = "torchrun --rdzv_id rlany train.py"', "names a program of its own ('train.py')"),
+    ('train = "accelerate launch --num_processes 2 rlany"',
+     "names a program of its own ('rlany')"),
+    ('train = "torchrun --nproc-per-nod 2 --bogus"', "has options torchrun refuses"),
     ('train = "python -u"', "takes no arguments here"),
     ('train = "torchrun \'2"', "cannot be split into words"),
     ('train = "/nowhere/torchrun"', "is not on this machine"),
@@ -64,6 +68,117 @@ def test_launch_table_is_read_and_set_from_the_command_line(tmp_path, tiny_model
     bad = setup_run(tmp_path / "x", tiny_model, body=LEAN, keys=two, launch="shards = 3")
     with pytest.raises(RlanyError, match="one shard per endpoint"):
         load_config(str(bad / "loop.toml"))
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_launch_tables() -> list[str]:
+    """The `[launch]` tables of stages/loop/README.md's recipes (its toml blocks)."""
+    text = (ROOT / "stages" / "loop" / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```toml\n")[1:]]
+    return [b.split("[launch]\n", 1)[1] for b in blocks if "[launch]\n" in b]
+
+
+def test_the_readmes_launch_recipes_load(tmp_path, tiny_model, monkeypatch):
+    """Every `[launch]` table the loop's README recommends loads (the two-node one's
+    `--rdzv_id rlany` is torchrun's option value, not a program), with `srun` and the
+    launchers on PATH; its train line is the one a trainer runs under."""
+    tables = _readme_launch_tables()
+    assert len(tables) >= 2 and any("srun " in t for t in tables)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexec \"$@\"\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}"
+                       f"{os.pathsep}{os.environ['PATH']}")
+    keys = 'engine = "openai"\nbase_url = "http://127.0.0.1:8000/v1"'
+    for k, table in enumerate(tables):
+        run = setup_run(tmp_path / str(k), tiny_model, body=LEAN, keys=keys, launch=table)
+        monkeypatch.chdir(run)
+        cfg = load_config("loop.toml")
+        assert cfg.launch.train and cfg.launch.train in table
+
+
+def test_or_skipped_writes_in_one_process_whatever_rank_it_inherited(tmp_path, monkeypatch):
+    """Nothing to learn from, in one process (the loop's own trainer, no launcher): the
+    skipped file is written even where the process inherited RANK=1 from its environment
+    (accelerate's view of the processes decides, not the variable)."""
+    from types import SimpleNamespace
+
+    from accelerate import PartialState
+
+    from rlany.errors import NoSamples
+    from rlany.stages.train_policy import or_skipped
+
+    def nothing() -> dict:
+        raise NoSamples("no training samples")
+    fresh = not PartialState._shared_state
+    monkeypatch.setenv("RANK", "1")
+    try:
+        skipped = tmp_path / "train_policy.skipped.json"
+        said: list[str] = []
+        out = or_skipped(SimpleNamespace(skipped=str(skipped)), nothing, said.append)
+    finally:
+        if fresh:  # leave accelerate's process state as the test found it
+            PartialState._reset_state()
+    assert out == {"skipped": "no training samples"} and "nothing to train" in said[0]
+    assert json.loads(skipped.read_text()) == {"reason": "no training samples"}
+
+
+def test_a_launched_trainer_dies_with_the_loop(tmp_path):
+    """kill -9 of the process that launched a trainer (`run_launched`, as the loop does):
+    the trainer gets SIGTERM from the kernel and ends, instead of holding its checkpoint's
+    lock against the rerun."""
+    import subprocess
+
+    code = ("import sys\nfrom rlany.stages.loop_launch import run_launched\n"
+            "run_launched([sys.executable, '-c', 'import time; print(\"up\", flush=True); "
+            "time.sleep(120)'], 'train-policy', sys.argv[1], lambda: True)\n")
+    loop = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "policy")],
+                            stdout=subprocess.PIPE, text=True)
+    trainer = None
+    try:
+        assert loop.stdout.readline() == "up\n"
+        (trainer,) = _children(loop.pid)
+        os.kill(loop.pid, signal.SIGKILL)
+        loop.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _alive(trainer) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(trainer)
+    finally:
+        loop.kill()
+        loop.wait()
+        if trainer is not None and _alive(trainer):  # the failure's orphan, not left behind
+            os.kill(trainer, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_rerun_names_the_process_that_still_holds_the_trainers_lock(tmp_path):
+    """A trainer that outlived its loop still holds its checkpoint's lock: the rerun
+    starts no second trainer and says which process holds it, in one line."""
+    from rlany.locks import output_lock
+    from rlany.stages.loop_launch import run_launched
+
+    out, marker = tmp_path / "policy", tmp_path / "ran"
+    argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    with output_lock(out, new=True):
+        with pytest.raises(RlanyError, match=f"still writing this checkpoint \\(it holds its "
+                           f"lock, process {os.getpid()}\\)") as e:
+            run_launched(argv, "train-policy", str(out), lambda: True)
+    assert e.value.where == str(out) and "rerun the loop" in e.value.hint
+    assert not marker.exists()
+    run_launched(argv, "train-policy", str(out), lambda: True)  # released: it runs
+    assert marker.exists()
 
 
 def test_a_launched_trainer_with_nothing_to_learn_tells_the_loop(tmp_path, tiny_model):

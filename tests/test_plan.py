@@ -133,6 +133,10 @@ def test_the_printed_plan_reproduces_the_loops_iteration(tmp_path, tiny_model):
     for m in (*ma, *mb):
         m.pop("seconds")
     assert ma == mb and ma[0]["judge_positive_share"] is not None
+    # the base evaluation's content record, as the loop's (siblings share by it)
+    assert json.loads((B / "eval_base.content.json").read_text()) == \
+        json.loads((A / "eval_base.content.json").read_text())
+    assert not (B / "eval_base.content.planned.json").exists()
     joined = json.loads((B / "iter_000" / "judgments.meta.json").read_text())
     assert len(joined["joined_from"]) == 2 and joined["flags"]["shard"] is None
     # the run is done: the next plan has nothing to run; the script reruns as a no-op
@@ -172,6 +176,89 @@ def test_a_plan_starts_one_server_per_endpoint_and_stops_them_for_training(tmp_p
     assert serve[0].startswith("  bash -c ") and "CUDA_VISIBLE_DEVICES=0" in serve[0]
     assert serve[1].startswith("  ssh -n gpu-node-2 ") and "--port 8001" in serve[1]
     assert "--enable-lora --max-lora-rank 4" in serve[0] and "trap stop_servers EXIT" in lines
+
+
+def test_one_endpoint_serves_every_shard(tmp_path, tiny_model):
+    """An openai engine with one base URL (a router, say) and `[launch] shards = 3`: the
+    plan runs each generation stage as 3 shards, every one sending to that URL."""
+    keys = 'engine = "openai"\nbase_url = "http://127.0.0.1:8000/v1"'
+    run = setup_run(tmp_path, tiny_model, keys=keys,
+                    launch=f'train = "{sys.executable}"\nshards = 3')
+    plan = rlany(run, "loop", "loop.toml", "--print-plan")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    rollout = [x for x in plan.stdout.splitlines() if "rlany rollout" in x]
+    assert [f"--shard {i}/3" in x for i, x in enumerate(rollout)] == [True] * 3
+    assert all("--base-url http://127.0.0.1:8000/v1" in x and "CUDA_VISIBLE" not in x
+               for x in rollout)
+
+
+def test_a_plans_servers_load_the_models_files_and_count_this_hosts_gpus_once(tmp_path,
+                                                                             tiny_model):
+    """`[launch] serve` starts the model's files (what `rlany models` resolves the config's
+    model to) under the name the openai engine asks for; 127.0.0.1 and localhost are one
+    host, so their two servers get GPUs 0 and 1, and another host's first gets GPU 0."""
+    keys = ('engine = "openai"\nbase_url = "http://127.0.0.1:8000/v1,'
+            'http://localhost:8001/v1,http://gpu-node-2:8000/v1"')
+    run = setup_run(tmp_path, tiny_model, keys=keys,
+                    launch=f'train = "{sys.executable}"\nserve = "vllm serve"')
+    plan = rlany(run, "loop", "loop.toml", "--print-plan")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    serve = [x for x in plan.stdout.splitlines() if "nohup vllm serve" in x]
+    model = str((run / "model").resolve())
+    assert all(f"vllm serve {model} --served-model-name model " in x for x in serve), serve[0]
+    assert ["CUDA_VISIBLE_DEVICES=0" in serve[0], "CUDA_VISIBLE_DEVICES=1" in serve[1],
+            "CUDA_VISIBLE_DEVICES=0" in serve[2]] == [True] * 3
+    assert serve[1].startswith("  bash -c ") and serve[2].startswith("  ssh -n gpu-node-2 ")
+
+
+def test_a_shard_resumed_with_errors_joins_to_a_success_rate_within_the_shards():
+    """A resumed shard's `errored` counts its earlier part's errors too: the joined success
+    rate is still a mean of the shards' rates weighted by their episodes that ran."""
+    from rlany.stages.loop_shards import combine
+
+    resumed = {"trajectories": 8, "new_trajectories": 2, "errored": 4, "success_rate": 0.5}
+    fresh = {"trajectories": 8, "new_trajectories": 8, "errored": 0, "success_rate": 0.25}
+    joined = combine([resumed, fresh])
+    assert joined["success_rate"] == pytest.approx((0.5 * 4 + 0.25 * 8) / 12)
+    assert joined["errored"] == 4 and joined["trajectories"] == 16
+
+
+def test_a_plans_base_evaluation_is_recorded_for_sharing_once_confirmed(tmp_path,
+                                                                       tiny_model,
+                                                                       monkeypatch):
+    """Before the base evaluation the script writes the content record (planned, from the
+    digest taken when the plan was printed); the loop that accepts the evaluation keeps
+    it as the record (`eval_base.content.json`, what siblings share by) where the model is
+    unchanged, and records none where the model changed in between."""
+    from rlany.stages.eval_reuse import content_key, content_path, eval_done, planned_path
+    from rlany.stages.loop_config import load_config
+    from rlany.stages.loop_plan import Plan
+
+    run = setup_run(tmp_path, tiny_model, keys='eval_tasks = "eval.jsonl"')
+    monkeypatch.chdir(run)
+    cfg = load_config("loop.toml")
+    for changed in (False, True):
+        out = Path(f"runs/{'changed' if changed else 'same'}/eval_base.json")
+        opts = cfg.options("eval", input="eval.jsonl", output=str(out), adapter=None,
+                           judge_adapter=None)
+        (line,) = Plan._record(opts)
+        assert subprocess.run(["bash", "-euc", line]).returncode == 0  # makes its folder
+        assert planned_path(out).exists()
+        content_path(out).write_text("{}")  # a stale record: the script replaces it
+        assert subprocess.run(["bash", "-c", line]).returncode == 0
+        assert json.loads(planned_path(out).read_text()) == content_key(opts)[0]
+        assert not content_path(out).exists()
+        if changed:  # the model changed while the plan ran
+            (run / "model" / "fake_script.json").write_text(json.dumps(
+                {"rules": [{"responses": ["\\boxed{1}"]}]}))
+        out.write_text("{}")
+        out.with_name("eval_base.meta.json").write_text("{}")  # the evaluation, done
+        eval_done(opts)
+        assert not planned_path(out).exists()
+        if changed:
+            assert not content_path(out).exists()
+        else:
+            assert json.loads(content_path(out).read_text()) == content_key(opts)[0]
 
 
 @pytest.mark.parametrize("args,message", [

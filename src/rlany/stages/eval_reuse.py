@@ -25,7 +25,9 @@ rlany's code (`openenv`: a server behind a URL or a command; `miniwob`: a browse
 `alfworld`: game files; any plug-in). The loop says why in one line when a sibling has
 that evaluation. The warm start's evaluation (`eval_init.json`) is shared the same way (the
 warm start itself by `rlany.stages.warm_reuse`): its summary and sidecar then name this
-run's adapter paths.
+run's adapter paths. A `--print-plan` script records its evaluation as the loop does, from
+a digest taken when the plan is printed, which the loop that accepts the evaluation
+confirms against a fresh one (`planned_path`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ def unpinned_env(tasks: str | Path) -> str | None:
 def content_path(output: str | Path) -> Path:
     """Where an evaluation's content record lives: eval_base.json -> eval_base.content.json."""
     return Path(output).with_name(Path(output).stem + ".content.json")
+
+
+def planned_path(output: str | Path) -> Path:
+    """Where a `--print-plan` script puts the content record of an evaluation it runs, for
+    the loop to confirm (`eval_done`): eval_base.json -> eval_base.content.planned.json."""
+    return Path(output).with_name(Path(output).stem + ".content.planned.json")
 
 
 def content_key(opts: Any) -> tuple[dict | None, str]:
@@ -243,15 +251,34 @@ def write_record(path: Path, key: dict | None) -> None:
         pass
 
 
+def _confirm_planned(opts: Any) -> None:
+    """A `--print-plan` script's evaluation, done: the content record its script wrote
+    before it from a digest taken when the plan was printed (`planned_path`) becomes the
+    evaluation's record where a fresh digest is the same (the content was that before and
+    after), else it has none (never shared)."""
+    planned = planned_path(opts.output)
+    try:
+        theirs = json.loads(planned.read_text())
+    except (OSError, ValueError):
+        return
+    key = content_key(opts)[0]
+    write_record(content_path(opts.output), key if key is not None and key == theirs else None)
+    planned.unlink(missing_ok=True)
+
+
 def eval_done(opts: Any) -> Path:
     """The loop's completion check of an evaluation (its sidecar), which first shares a
     sibling's identical base evaluation when this run has none, or else records what this
-    run's own is made from (evaluated right after)."""
+    run's own is made from (evaluated right after); one a plan's script made is confirmed
+    (`_confirm_planned`)."""
     from rlany.console import info
     from rlany.jsonl import meta_path
 
     out = Path(opts.output)
-    if meta_path(out).exists() or out.name not in (BASE, INIT):
+    if out.name not in (BASE, INIT):
+        return meta_path(out)
+    if meta_path(out).exists():
+        _confirm_planned(opts)
         return meta_path(out)
     what = "warm start's" if out.name == INIT else "base"
     key, why = content_key(opts)

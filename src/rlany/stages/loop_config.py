@@ -222,7 +222,8 @@ def _check_files(cfg: LoopConfig) -> None:
 
 def _check_launch(cfg: LoopConfig) -> None:
     """[launch] against the engine: a plan's shards are one per endpoint of an openai engine
-    with several; its servers are an openai engine's."""
+    with several (with one endpoint, any number: each sends to it); its servers are an
+    openai engine's."""
     from rlany.engines.endpoints import split_urls
 
     engine, launch = cfg.run.get("engine"), cfg.launch

@@ -12,15 +12,21 @@ that the devices are the trainer's; the next stage that generates starts the eng
 (on the hf engine, training then loads its own copy of the base model instead of borrowing
 the engine's). Launchers: `accelerate launch ...`, `torchrun ...`, `python -m
 torch.distributed.run ...` or a plain `python` (one process), optionally after `srun ...`
-(one launcher per node under Slurm). Nothing to learn from is the trainer's answer, not a
+(one launcher per node under Slurm); the launcher's options are read by its own parser, so
+that a program of its own (its first word that is no option's value, or `-m`) is refused
+while `--rdzv_id rlany` is not. Nothing to learn from is the trainer's answer, not a
 failure: the loop passes `--skipped FILE`, the trainer (its first process) writes that file
 and exits 0, and the loop goes on with the model as it was. Any other exit, or a signal,
-fails the loop in one line; rerun it: the trainer resumes from its last saved step.
+fails the loop in one line; rerun it: the trainer resumes from its last saved step. The
+trainer dies with the loop, even by kill -9 (Linux's PR_SET_PDEATHSIG); one that outlived
+it all the same is named when the rerun finds its checkpoint's lock held.
 The line is split as a shell would split it, but nothing in it is expanded.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import shlex
 import shutil
 import signal
@@ -35,7 +41,9 @@ from rlany.errors import RlanyError
 
 HINT = ("e.g. train = \"accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml\" or "
         "\"torchrun --nproc_per_node 8\" (the loop adds -m rlany COMMAND FLAGS)")
-PYTHON_LAUNCHERS = (["-m", "torch.distributed.run"], ["-m", "accelerate.commands.launch"])
+# `python -m MODULE`: the launcher whose options follow
+PYTHON_LAUNCHERS = {("-m", "torch.distributed.run"): "torchrun",
+                    ("-m", "accelerate.commands.launch"): "accelerate launch"}
 
 
 @dataclass(frozen=True)
@@ -97,27 +105,62 @@ def launcher(line: str, where: str) -> list[str]:
         raise RlanyError(f"'[launch] train': {argv[0]!r} is not a launcher the loop knows "
                          "(accelerate launch, torchrun, python -m torch.distributed.run, "
                          "python; optionally after srun)", where=where, hint=HINT)
+    parser = "torchrun"  # whose options `rest` are
     if program == "accelerate":
         if rest[:1] != ["launch"]:
             raise RlanyError("'[launch] train': accelerate needs its `launch` command",
                              where=where, hint=HINT)
-        rest = rest[1:]
+        rest, parser = rest[1:], "accelerate launch"
     elif program.startswith("python"):
-        if rest[:2] in PYTHON_LAUNCHERS:
-            rest = rest[2:]
-        elif rest:
+        if tuple(rest[:2]) not in PYTHON_LAUNCHERS and rest:
             raise RlanyError(f"'[launch] train': {program} takes no arguments here but "
                              "-m torch.distributed.run ... (or nothing: one process)",
                              where=where, hint=HINT)
-    own = [w for w in rest if w in ("-m", "--module", "rlany") or w.endswith(".py")]
-    if own:
-        raise RlanyError(f"'[launch] train' names a program of its own ({own[0]!r}): give "
-                         "the launcher only; the loop adds -m rlany COMMAND FLAGS",
-                         where=where, hint=HINT)
+        parser = PYTHON_LAUNCHERS.get(tuple(rest[:2]), "")
+        rest = rest[2:]
+    wrong = _options(parser, tuple(rest)) if parser else None
+    if wrong:
+        raise RlanyError(f"'[launch] train' {wrong}", where=where, hint=HINT)
     if shutil.which(argv[0]) is None:
         raise RlanyError(f"'[launch] train': {argv[0]!r} is not on this machine (PATH)",
                          where=where, hint="install it, or give its full path")
     return argv
+
+
+_ADDED = "\0rlany"  # stands for what the loop adds after the launcher's options
+
+
+@functools.lru_cache(maxsize=32)
+def _options(parser: str, rest: tuple[str, ...]) -> str | None:
+    """What is wrong with a launcher's options `rest` (None: nothing): a program of its own
+    (a first positional word, or `-m`/`--module`), or an option its parser refuses. Read
+    by the launcher's own parser (torch's for torchrun, accelerate's for `accelerate
+    launch`), so that an option's value (`--rdzv_id rlany`) is never taken for a program."""
+    import argparse
+    import contextlib
+    import io
+
+    if parser == "accelerate launch":
+        from accelerate.commands.launch import launch_command_parser
+        p = launch_command_parser()
+    else:
+        from torch.distributed.run import get_args_parser
+        p = get_args_parser()
+
+    def refuse(message: str):
+        raise ValueError(message)
+    p.error = refuse  # argparse reports through self.error: here it raises, never exits
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            args = p.parse_args([*rest, _ADDED])
+    except (ValueError, argparse.ArgumentError, SystemExit) as e:
+        return f"has options {parser} refuses ({e})"
+    own = "-m" if args.module else args.training_script
+    if own != _ADDED:
+        return (f"names a program of its own ({own!r}): give the launcher only; the loop "
+                "adds -m rlany COMMAND FLAGS")
+    return None
 
 
 def command_line(cfg: Any, command: Any, opts: Any) -> list[str]:
@@ -131,12 +174,62 @@ def command_line(cfg: Any, command: Any, opts: Any) -> list[str]:
     return argv
 
 
+# Runs as the trainer's parent-to-be: asks the kernel to SIGTERM it when the loop dies
+# (PR_SET_PDEATHSIG, Linux; kept across exec), then execs it. A copy of the openenv server
+# launch's (`rlany.envs.openenv_wire._LAUNCH`), but for the one line a missing program gets.
+_WITH_LOOP = ("import ctypes, os, signal, sys\n"
+              "try:\n    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+              "except Exception:\n    pass\n"
+              "if os.getppid() != int(sys.argv[1]):\n    sys.exit(1)\n"
+              "try:\n    os.execvp(sys.argv[2], sys.argv[2:])\n"
+              "except OSError as e:\n"
+              "    sys.exit(f'cannot start {sys.argv[2]!r}: {e.strerror}')\n")
+
+
+def _lock_holder(output: str) -> int | str | None:
+    """Whether another process holds the writer lock of `output` (`rlany.locks`): its pid
+    where Linux's /proc/locks names it, else ""; None: nobody does."""
+    import fcntl
+
+    from rlany.locks import lock_path
+
+    try:
+        fd = os.open(lock_path(output), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None  # no lock file: no writer
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        st = os.fstat(fd)
+        node = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        try:
+            with open("/proc/locks", encoding="ascii") as f:
+                held = [line.split() for line in f if "->" not in line]
+        except OSError:
+            return ""
+        return next((int(w[4]) for w in held if len(w) > 5 and w[5] == node), "")
+    except OSError:  # a file system without flock: the trainer's own lock says it
+        return None
+    finally:
+        os.close(fd)
+
+
 def run_launched(argv: list[str], name: str, where: str, done: Callable[[], bool]) -> None:
     """Run a launched trainer to its end: it must exit 0 having written its checkpoint or
     its `skipped` file (`done()`). Anything else is one line; an interrupted loop stops its
     trainer too (it resumes on the next run)."""
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    holder = _lock_holder(where)
+    if holder is not None:
+        raise RlanyError(f"{name}: another process is still writing this checkpoint "
+                         f"(it holds its lock{f', process {holder}' if holder else ''}): a "
+                         "trainer an earlier `rlany loop` started that outlived it?",
+                         where=where, hint="wait for it to end or stop it, then rerun the "
+                         "loop: training resumes from its last saved step")
+    try:  # through _WITH_LOOP: the trainer dies with the loop, even by kill -9
+        proc = subprocess.Popen([sys.executable, "-c", _WITH_LOOP, str(os.getpid()), *argv],
+                                stdin=subprocess.DEVNULL)
     except OSError as e:
         raise RlanyError(f"{name}: cannot start {argv[0]!r}: {e.strerror}", where=where,
                          hint="check [launch] train") from None

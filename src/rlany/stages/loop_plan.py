@@ -9,13 +9,17 @@ one the loop would print and run, each byte copy of a pool a guarded `cat`. The 
 * runs the trainers under `[launch] train` as the loop does (`LAUNCHER -m rlany ...`);
 * runs rollout, judge and eval as N shard processes at once (`rlany.stages.loop_shards`):
   one per endpoint of an openai engine with several (`--base-url` the shard's own), or
-  `[launch] shards = N` with another engine (shard I sees GPU I); joined with `cat`, or
+  `[launch] shards = N` with another engine (shard I sees GPU I) or with an openai engine
+  of one endpoint (a router, say: every shard sends to it); joined with `cat`, or
   `rlany eval --join` for eval;
 * with `[launch] serve` (an openai engine), starts one server per endpoint before the
-  first stage that generates (`SERVE MODEL --port PORT --enable-lora ...`, GPU K for the
-  K-th endpoint of a host; a host other than this one through `ssh`), waits for each to
-  answer, and stops them before training and on exit, so that they never hold the devices
-  while a trainer runs;
+  first stage that generates (`SERVE MODEL_DIR --served-model-name MODEL --port PORT
+  --enable-lora ...`: the model's files under the name the engine asks for; GPU K for the
+  K-th endpoint of a host, every spelling of this one counted as one; a host other than
+  this one through `ssh`), waits for each to answer, and stops them before training and
+  on exit, so that they never hold the devices while a trainer runs;
+* writes before the base evaluation (and the warm start's) the content record the loop
+  writes when it begins one, as a planned one the loop confirms (`eval_reuse`);
 * ends with `rlany loop CONFIG ... --stop-after N`, which finds every stage complete,
   writes the iteration's done.json and metrics.jsonl, prunes, and runs nothing.
 
@@ -27,6 +31,7 @@ A plan is one iteration: the next one's commands depend on what this one makes.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -41,6 +46,7 @@ from rlany.stages.loop_shards import SHARDED, shard_paths
 
 q = shlex.quote
 KINDS = {"train_policy": "policy", "train_rm": "rm"}  # a trainer's table -> latest() kind
+LOCAL = ("localhost", "127.0.0.1", "::1", "0.0.0.0")  # this host, however a URL spells it
 
 
 def loop_command(config: str, overrides: dict[str, Any], sets: list[str]) -> list[str]:
@@ -138,10 +144,30 @@ class Plan:
         if command.engine == "borrows":
             return [f"[ -e {q(str(stage.done(opts)))} ] || "
                     + (f"[ -e {q(opts.skipped)} ] || " if stage.may_skip else "") + line]
+        record = self._record(opts) if stage.table == "eval" else []
         if self.shards > 1 and stage.table in SHARDED and stage.engine:
-            return self._sharded(stage, command, opts)
+            return record + self._sharded(stage, command, opts)
         done = meta_path(opts.output) if stage.table == "eval" else stage.done(opts)
-        return [f"[ -e {q(str(done))} ] || {line}"]
+        return [*record, f"[ -e {q(str(done))} ] || {line}"]
+
+    @staticmethod
+    def _record(opts: Any) -> list[str]:
+        """Before a base (or warm start's) evaluation: the content record the loop writes
+        when it begins one (`eval_reuse.eval_done`), from a digest taken now, as a planned
+        one that the loop confirms when it accepts the evaluation (`planned_path`)."""
+        from rlany.stages.eval_reuse import BASE, INIT, content_key, content_path, planned_path
+
+        out = Path(opts.output)
+        if out.name not in (BASE, INIT):
+            return []
+        key = content_key(opts)[0]
+        done, record, planned = (q(str(p)) for p in (meta_path(out), content_path(out),
+                                                      planned_path(out)))
+        if key is None:  # never shared
+            return [f"[ -e {done} ] || rm -f {record} {planned}"]
+        tmp = q(str(planned_path(out).with_name(f".{planned_path(out).name}.tmp")))
+        return [f"if [ ! -e {done} ]; then mkdir -p {q(str(out.parent))}; rm -f {record}; "
+                f"printf '%s\\n' {q(json.dumps(key))} > {tmp}; mv {tmp} {planned}; fi"]
 
     def _sharded(self, stage: Any, command: Any, opts: Any) -> list[str]:
         """N shard processes at once, then their join (`rlany.stages.loop_shards`)."""
@@ -151,8 +177,9 @@ class Plan:
         parts = shard_paths(out, n)
         lines = [f"mkdir -p {q(str(parts[0].parent))}", "pids=()"]
         for i, part in enumerate(parts):
+            # one endpoint (a router, say): every shard sends to it
             shard = replace(opts, shard=f"{i}/{n}", output=str(part),
-                            **({"base_url": self.urls[i]} if self.urls else {}))
+                            **({"base_url": self.urls[i]} if len(self.urls) > 1 else {}))
             gpu = "" if self.urls else f"CUDA_VISIBLE_DEVICES={i} "
             lines.append(f"{{ [ -e {q(str(meta_path(part)))} ] || {gpu}"
                          f"{shlex.join(to_argv(command.name, shard))}; }} & pids+=($!)")
@@ -191,19 +218,25 @@ class Plan:
     def _servers(self) -> list[str]:
         """start_servers / stop_servers: one server per endpoint, pid file and log in
         RUN/servers/, on this host or through ssh."""
+        from rlany.models import resolve_model
+
         opts = self.cfg.options("rollout", input="-")
-        base, here = shlex.split(self.serve), {socket.gethostname(),
-                                               socket.gethostname().split(".")[0]}
+        here = {socket.gethostname(), socket.gethostname().split(".")[0], *LOCAL}
         logs = self.cfg.run_dir / "servers"
         start, ready, stop, gpus = [f"  mkdir -p {q(str(logs))}"], [], [], {}
+        # the model's files (an alias is rlany's name only), under the name the engine asks
+        serve = [*shlex.split(self.serve), resolve_model(opts.model),
+                 "--served-model-name", opts.model]
         for i, url in enumerate(self.urls):
             parts = urlsplit(url)
             host = parts.hostname or "127.0.0.1"
             port = parts.port or (443 if parts.scheme == "https" else 80)
-            local = host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") or host in here
-            gpu = gpus[host] = gpus.get(host, -1) + 1
-            argv = [*base, opts.model, "--host", "127.0.0.1" if host in ("127.0.0.1",
-                    "localhost") else "0.0.0.0", "--port", str(port), "--seed", str(opts.seed),
+            local = host in here
+            machine = "" if local else host  # this host, however the URL spells it
+            gpu = gpus[machine] = gpus.get(machine, -1) + 1
+            bind = host if host in ("127.0.0.1", "::1") else \
+                "127.0.0.1" if host == "localhost" else "0.0.0.0"
+            argv = [*serve, "--host", bind, "--port", str(port), "--seed", str(opts.seed),
                     "--enable-lora", "--max-lora-rank", str(opts.max_lora_rank),
                     "--max-loras", "2",
                     *(["--max-model-len", str(opts.max_model_len)] if opts.max_model_len

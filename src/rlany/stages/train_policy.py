@@ -46,9 +46,10 @@ def run(opts: TrainOptions, engine=None, say: Callable[[str], None] = info) -> d
 def or_skipped(opts: TrainOptions, train: Callable[[], dict],
                say: Callable[[str], None]) -> dict:
     """`train()`, where nothing to learn from (`NoSamples`) is `--skipped`'s answer (module
-    doc); without the flag it fails as before."""
+    doc); without the flag it fails as before. Under a launcher every process gets here
+    and the first writes the file (accelerate's view of the processes, as the trainer's:
+    in one process without a launcher, that process)."""
     import json
-    import os
 
     from rlany.errors import NoSamples
     from rlany.outputs import write_text_atomic
@@ -58,7 +59,9 @@ def or_skipped(opts: TrainOptions, train: Callable[[], dict],
     except NoSamples as e:
         if opts.skipped is None:
             raise
-        if os.environ.get("RANK", "0") == "0":  # under a launcher every process gets here
+        from accelerate import PartialState
+
+        if PartialState().is_main_process:
             write_text_atomic(opts.skipped, json.dumps({"reason": e.message}) + "\n")
         say(f"nothing to train ({e.one_line()}): wrote {opts.skipped}; the model stays as "
             "it was")
