@@ -219,6 +219,7 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+@pytest.mark.slow  # 18 s; a killed trainer's resume is also in test_kill_resume.py
 def test_kill_9_of_the_launched_trainer_then_the_same_loop_resumes(tmp_path, tiny_model):
     """SIGKILL the launched train-policy once it saved a step: the loop fails in one line
     naming the signal; the same command again resumes the trainer from its saved step."""

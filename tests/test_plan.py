@@ -81,6 +81,7 @@ def _untimed(summary: dict) -> dict:
     return out
 
 
+@pytest.mark.slow  # 45 s: a loop and its script, both run
 def test_the_printed_plan_reproduces_the_loops_iteration(tmp_path, tiny_model):
     """Run A: `rlany loop` (one process, one engine, training under [launch] train). Run
     B: the script `--print-plan` wrote, run by bash as it is: generation in 2 shards per
