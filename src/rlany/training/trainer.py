@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING
 
 from rlany.errors import RlanyError
 from rlany.training.fields import lr_at
-from rlany.training.objectives import MicroBatch, Objective, objective as objective_named
+from rlany.training.objectives import MicroBatch, Objective
+from rlany.training.objectives import objective as objective_named
 from rlany.training.samples import Sample
 
 if TYPE_CHECKING:  # the options (flags, loop keys, defaults) are defined once, there
