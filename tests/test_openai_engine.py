@@ -15,6 +15,7 @@ from rlany.errors import RlanyError
 
 class Stub(BaseHTTPRequestHandler):
     fail_first = 0
+    already = False  # /load_lora_adapter answers as vLLM does for a name another loaded
     seen: list = []
     echo_logprobs: list = []  # what /completions echoes for the prompt's tokens
 
@@ -29,6 +30,12 @@ class Stub(BaseHTTPRequestHandler):
             self.send_response(503)
             self.end_headers()
             self.wfile.write(b"busy")
+            return
+        if self.path.endswith("/load_lora_adapter") and Stub.already:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": {"message": f"The lora adapter "
+                             f"'{body['lora_name']}' has already been loaded."}}).encode())
             return
         if self.path.endswith("/load_lora_adapter"):
             out = b"Success"
@@ -55,7 +62,7 @@ def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    Stub.seen, Stub.fail_first = [], 0
+    Stub.seen, Stub.fail_first, Stub.already = [], 0, False
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
 
@@ -113,3 +120,34 @@ def test_a_hot_loaded_adapter_is_verified_with_its_probe(server, tmp_path):
     assert len(eng.probes.checks) == 1   # a refusal raises; no probe: no check
     echo = [b for p, b in Stub.seen if p.endswith("/completions") and "prompt" in b]
     assert echo[0]["prompt"] == [1, 2, 3, 4, 5] and echo[0]["echo"] is True
+
+
+def test_an_adapter_another_process_loaded_serves_only_if_its_probe_says_ok(server, tmp_path):
+    """vLLM answers 400 "already been loaded" where another process (an earlier stage, a
+    shard) loaded the adapter's name: these weights or older ones. The probe decides; with
+    no probe, or a probe that says the base model, the stage is refused naming the server."""
+    probe = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5],
+             "logprobs": [-1.0, -2.0], "base_logprobs": [-3.0, -4.0]}
+    paths = {}
+    for name in ("good", "plain"):
+        paths[name] = tmp_path / name
+        paths[name].mkdir()
+        (paths[name] / "adapter_config.json").write_text("{}")
+    (paths["good"] / "rlany.json").write_text(json.dumps({"probe": probe}))
+    Stub.already = True
+    messages = [{"role": "user", "content": "hi"}]
+
+    def engine():
+        return OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server,
+                                         retries=0, timeout_s=5))
+    Stub.echo_logprobs = [None, -0.5, -0.5, -1.01, -2.02]  # these weights
+    eng = engine()
+    eng.generate([Request(messages, Sampling(max_tokens=2), adapter=str(paths["good"]))])
+    assert eng.probes.checks[-1]["status"] == "ok"
+    Stub.echo_logprobs = [None, -0.5, -0.5, -3.0, -4.0]  # older weights: the base model's
+    with pytest.raises(RlanyError, match="did not reach the engine") as err:
+        engine().generate([Request(messages, Sampling(max_tokens=2), adapter=str(paths["good"]))])
+    assert err.value.message.startswith(server) and "unload_lora_adapter" in err.value.hint
+    with pytest.raises(RlanyError, match="could not confirm it holds these weights") as err:
+        engine().generate([Request(messages, Sampling(max_tokens=2), adapter=str(paths["plain"]))])
+    assert err.value.message.startswith(server) and "None" not in err.value.hint

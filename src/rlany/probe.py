@@ -118,6 +118,11 @@ class Verifier:
         except RlanyError as e:
             self._refused[path] = e
 
+    def refuse(self, path: str, error: RlanyError) -> None:
+        """Refuse `path` for the engine's lifetime (an engine's own reason, e.g. a server
+        that had an adapter under its name which the probe could not confirm)."""
+        self._refused[path] = error
+
     def require(self, path: str) -> None:
         if path in self._refused:
             raise self._refused[path]

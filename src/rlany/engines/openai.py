@@ -97,22 +97,42 @@ class OpenAIEngine:
         path = str(Path(adapter).resolve())
         if path not in self._adapters:
             name = "rlany-" + hashlib.sha256(path.encode()).hexdigest()[:12]
-            try:
-                self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path},
-                           reply=False)
-            except RlanyError as e:  # another process loaded it there (a stage before,
-                if "already been loaded" not in e.message:  # a shard): the probe below
-                    raise  # tells whether that is these weights or stale ones
             self._adapters[path] = name
-            self.probes.loaded(adapter, path, lambda probe: self._probe_logprobs(probe, name))
+            self._load_adapter(adapter, path, name)
         try:
             self.probes.require(path)
-        except RlanyError as e:  # which server, and the server's own way to go stale
+        except RlanyError as e:  # which server
             raise RlanyError(f"{self.base_url}: {e.message}", where=e.where,
-                             hint=f"{e.hint}, or a server that still serves older weights "
-                                  f"under {self._adapters[path]} (unload it: POST "
-                                  "/v1/unload_lora_adapter, or restart the server)") from None
+                             hint=e.hint) from None
         return self._adapters[path]
+
+    def _load_adapter(self, adapter: str, path: str, name: str) -> None:
+        """Hot-load `path` as `name` and verify it (rlany.probe). A server where another
+        process (a stage before, a shard) loaded `name` answers "already been loaded": it may
+        hold these weights or older ones, so only a probe check that says "ok" lets it serve
+        (no probe, a probe it cannot score or one too close to the base model refuse it)."""
+        try:
+            self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path},
+                       reply=False)
+            already = False
+        except RlanyError as e:
+            if "already been loaded" not in e.message:
+                raise
+            already = True
+        before = len(self.probes.checks)
+        self.probes.loaded(adapter, path, lambda probe: self._probe_logprobs(probe, name))
+        stale = "a server that still serves older weights under this name (unload it: POST " \
+                "/v1/unload_lora_adapter, or restart the server)"
+        if already and not any(c.get("status") == "ok" for c in self.probes.checks[before:]):
+            try:
+                self.probes.require(path)
+            except RlanyError as e:  # the probe's own verdict, with the server's way to fail
+                hint = ", or ".join(filter(None, [e.hint, stale]))
+                self.probes.refuse(path, RlanyError(e.message, where=e.where, hint=hint))
+                return
+            self.probes.refuse(path, RlanyError(
+                f"the server already had an adapter named {name} and its probe could not "
+                "confirm it holds these weights", where=adapter, hint=stale))
 
     def _probe_logprobs(self, probe: dict, name: str) -> list[float] | str:
         """The probe's response log-probs under the hot-loaded adapter (rlany.probe): its
