@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -219,6 +220,11 @@ def test_init_rm_and_the_retired_keys_are_checked_at_load(tmp_path, tiny_model):
     with pytest.raises(RlanyError, match="'judge_warm_start' is no longer a loop key") as e:
         load_config(config)
     assert "init_rm" in e.value.hint and "stages/loop/README.md" in e.value.hint
+    # an older example's [judge_sft] beside no warm start: it did nothing; remove it
+    inert = Path(_config(tmp_path, tiny_model))
+    inert.write_text(inert.read_text() + "\n[judge_sft]\nlr = 1e-3\n")
+    with pytest.raises(RlanyError, match=r"\[judge_sft\] is no longer a loop table: remove it"):
+        load_config(str(inert))
     with pytest.raises(UsageError, match=r"no table \[judge_sft\]") as e:
         load_config(_config(tmp_path, tiny_model), sets=["judge_sft.lr=1e-3"])
     assert "init_rm" in e.value.hint
@@ -241,5 +247,10 @@ def test_a_run_from_before_the_recipe_still_resumes(tmp_path, tiny_model):
     (loop.dir / "iter_000").mkdir()  # a stage has run: a different config is refused
     Loop(load_config(config), config)._init_run_dir()
     echo.write_text(json.dumps({**older, "judge_warm_start": True}))
+    with pytest.raises(RlanyError, match="different config"):
+        Loop(load_config(config), config)._init_run_dir()
+    # killed during that judge warm start, before any iteration: refused all the same
+    shutil.rmtree(loop.dir / "iter_000")
+    (loop.dir / "judge_warm_start").mkdir()
     with pytest.raises(RlanyError, match="different config"):
         Loop(load_config(config), config)._init_run_dir()

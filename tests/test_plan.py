@@ -213,14 +213,16 @@ def test_a_plans_servers_load_the_models_files_and_count_this_hosts_gpus_once(tm
 
 
 def test_a_shard_resumed_with_errors_joins_to_a_success_rate_within_the_shards():
-    """A resumed shard's `errored` counts its earlier part's errors too: the joined success
-    rate is still a mean of the shards' rates weighted by their episodes that ran."""
+    """A resumed shard's rate is over the episodes this run played (`ran`), its `errored`
+    over the whole output: the joined success rate weights each rate by its own `ran`."""
     from rlany.stages.loop_shards import combine
 
-    resumed = {"trajectories": 8, "new_trajectories": 2, "errored": 4, "success_rate": 0.5}
-    fresh = {"trajectories": 8, "new_trajectories": 8, "errored": 0, "success_rate": 0.25}
+    resumed = {"trajectories": 8, "new_trajectories": 2, "errored": 4, "ran": 2,
+               "success_rate": 0.5}
+    fresh = {"trajectories": 8, "new_trajectories": 8, "errored": 0, "ran": 8,
+             "success_rate": 0.25}
     joined = combine([resumed, fresh])
-    assert joined["success_rate"] == pytest.approx((0.5 * 4 + 0.25 * 8) / 12)
+    assert joined["success_rate"] == pytest.approx((0.5 * 2 + 0.25 * 8) / 10)
     assert joined["errored"] == 4 and joined["trajectories"] == 16
 
 

@@ -164,7 +164,8 @@ class Loop:
         echo = self.dir / "config.json"
         started = any(self.dir.glob("iter_*")) or any(
             (self.dir / name).exists()
-            for name in ("eval_base.json", "warm_start"))
+            # judge_warm_start: a run of the retired judge warm start, refused below
+            for name in ("eval_base.json", "warm_start", "judge_warm_start"))
         if echo.exists() and echo.read_text() != resolved and started:
             check_echo(echo, config, self.cfg.iterations)
         check_finished(self)

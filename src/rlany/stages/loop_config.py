@@ -36,6 +36,17 @@ GONE = ("the judge warm start is a recipe of public stages now, ending in an ada
 RETIRED = {"judge_warm_start": GONE, "judge_sft": GONE}
 
 
+def _retired(key: str, raw: dict, path: str) -> RlanyError:
+    """A key of the retired judge warm start: where it was on, what replaces it; where it
+    was off (an older example's `[judge_sft]` beside no warm start), that it had no effect."""
+    what = f"[{key}] is no longer a loop table" if key == "judge_sft" else \
+        f"'{key}' is no longer a loop key"
+    if raw.get("judge_warm_start") is True:
+        return RlanyError(what, where=path, hint=RETIRED[key])
+    return RlanyError(f"{what}: remove it (the judge warm start it belonged to was off here, "
+                      "so it had no effect)", where=path)
+
+
 @dataclass
 class LoopConfig:
     name: str
@@ -160,7 +171,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
         elif key in loop_keys:
             top[key] = typed(key, value, loop_keys[key], path)
         elif key in RETIRED:
-            raise RlanyError(f"'{key}' is no longer a loop key", where=path, hint=RETIRED[key])
+            raise _retired(key, raw, path)
         elif key in run_keys:
             run[key] = typed(key, value, run_keys[key], path)
         else:

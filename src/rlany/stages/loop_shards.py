@@ -90,10 +90,9 @@ def combine(parts: list[dict]) -> dict:
     if "positive_share" in out:
         readable = out["positive"] + out["negative"]
         out["positive_share"] = out["positive"] / readable if readable else None
-    # a shard's success rate is over its episodes that ran: weighted by their count, from
-    # two counts of its whole output (`errored` counts a resumed part's errors too, so
-    # `new_trajectories - errored` could be negative)
-    for key, weight in (("success_rate", lambda p: p["trajectories"] - p["errored"]),
+    # a shard's success rate is over this run's episodes that ran (`ran`; a resumed shard's
+    # earlier part is not in it): weighted by that count
+    for key, weight in (("success_rate", lambda p: p.get("ran", p["trajectories"])),
                         ("label_accuracy", lambda p: p["labelled_verdicts"])):
         if key in out:
             pairs = [(p[key], weight(p)) for p in parts if p.get(key) is not None]

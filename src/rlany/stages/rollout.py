@@ -338,7 +338,7 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
         tokens, seconds = stats.completion_tokens - tokens0, stats.seconds - secs0
         counts = {"tasks": len(tasks), "input_tasks": input_tasks, "trajectories": out.count,
                   "new_trajectories": played["total"], "errored": played["errored"],
-                  "success_rate": played["successes"] / max(played["ran"], 1),
+                  "success_rate": played["successes"] / max(played["ran"], 1), "ran": played["ran"],
                   "completion_tokens": tokens, "generate_calls": stats.calls - calls0,
                   "generate_seconds": round(seconds, 3), **adapter_checks(engine), **in_shard}
         # under the lock: a writer waiting for it finds the output complete, sidecar too
