@@ -30,9 +30,9 @@ separate virtualenv (`tests/openenv_servers/`), and against a protocol stub
 
 A server given as a command is started once per process (per command and port) and polled
 on /health until it answers; one that has exited is started again, said on stderr. It gets
-SIGTERM when this process exits, and PR_SET_PDEATHSIG (Linux) kills it if this process dies
-without cleaning up (kill -9). It runs in its own process group; its output goes to a
-temporary file whose last line a failure names.
+SIGTERM when this process exits, and PR_SET_PDEATHSIG (Linux, `rlany.children`) kills it if
+this process dies without cleaning up (kill -9). It runs in its own process group; its
+output goes to a temporary file whose last line a failure names.
 """
 
 from __future__ import annotations
@@ -49,20 +49,14 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 
+from rlany.children import dying_with_us
 from rlany.errors import RlanyError
 
-# Runs as the server's parent-to-be: ask the kernel to SIGTERM us when rlany dies, then exec.
-_LAUNCH = ("import ctypes, os, signal, sys\n"
-           "try:\n    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
-           "except Exception:\n    pass\n"
-           "if os.getppid() != int(sys.argv[1]):\n    sys.exit(1)\n"
-           "os.execvp(sys.argv[2], sys.argv[2:])\n")
 DOWN_S = 10.0  # after a failed connection, later episodes fail at once for this long
 
 _started: dict[tuple, tuple[subprocess.Popen, object]] = {}
@@ -267,7 +261,7 @@ def start_server(command: str | list[str], port: int, wait_s: float) -> str:
              f"code {proc.returncode} ({_last_line(old_log)}); starting it again")
     log = tempfile.TemporaryFile()
     try:
-        proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, str(os.getpid()), *argv],
+        proc = subprocess.Popen(dying_with_us(argv),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     except OSError as e:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlany.children import dying_with_us
 from rlany.errors import RlanyError
 
 HINT = ("e.g. train = \"accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml\" or "
@@ -174,18 +175,6 @@ def command_line(cfg: Any, command: Any, opts: Any) -> list[str]:
     return argv
 
 
-# Runs as the trainer's parent-to-be: asks the kernel to SIGTERM it when the loop dies
-# (PR_SET_PDEATHSIG, Linux; kept across exec), then execs it. A copy of the openenv server
-# launch's (`rlany.envs.openenv_wire._LAUNCH`), but for the one line a missing program gets.
-_WITH_LOOP = ("import ctypes, os, signal, sys\n"
-              "try:\n    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
-              "except Exception:\n    pass\n"
-              "if os.getppid() != int(sys.argv[1]):\n    sys.exit(1)\n"
-              "try:\n    os.execvp(sys.argv[2], sys.argv[2:])\n"
-              "except OSError as e:\n"
-              "    sys.exit(f'cannot start {sys.argv[2]!r}: {e.strerror}')\n")
-
-
 def _lock_holder(output: str) -> int | str | None:
     """Whether another process holds the writer lock of `output` (`rlany.locks`): its pid
     where Linux's /proc/locks names it, else ""; None: nobody does."""
@@ -227,8 +216,8 @@ def run_launched(argv: list[str], name: str, where: str, done: Callable[[], bool
                          "trainer an earlier `rlany loop` started that outlived it?",
                          where=where, hint="wait for it to end or stop it, then rerun the "
                          "loop: training resumes from its last saved step")
-    try:  # through _WITH_LOOP: the trainer dies with the loop, even by kill -9
-        proc = subprocess.Popen([sys.executable, "-c", _WITH_LOOP, str(os.getpid()), *argv],
+    try:  # the trainer dies with the loop, even by kill -9
+        proc = subprocess.Popen(dying_with_us(argv),
                                 stdin=subprocess.DEVNULL)
     except OSError as e:
         raise RlanyError(f"{name}: cannot start {argv[0]!r}: {e.strerror}", where=where,
