@@ -65,6 +65,16 @@ def setup_run(tmp_path: Path, tiny_model: str, body: str = BODY, script=FAKE_SCR
     return tmp_path
 
 
+def printed_plan(tmp_path: Path, tiny_model: str, keys: str, launch: str):
+    """(run directory, `rlany loop --print-plan`'s result) for a run with these top-level
+    keys and these `[launch]` lines beside training under this Python."""
+    run = setup_run(tmp_path, tiny_model, keys=keys,
+                    launch=f'train = "{sys.executable}"\n{launch}')
+    plan = rlany(run, "loop", "loop.toml", "--print-plan")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    return run, plan
+
+
 def rlany(tmp_path: Path, *args: str, **kw) -> subprocess.CompletedProcess:
     """The real CLI in the run folder, with this interpreter's `rlany` first on PATH (a
     plan's commands call `rlany`)."""
@@ -157,10 +167,7 @@ def test_a_plan_starts_one_server_per_endpoint_and_stops_them_for_training(tmp_p
     a host's k-th endpoint), stop before training and start again after it."""
     keys = ('engine = "openai"\n'
             'base_url = "http://127.0.0.1:8000/v1,http://gpu-node-2:8001/v1"')
-    run = setup_run(tmp_path, tiny_model, keys=keys,
-                    launch=f'train = "{sys.executable}"\nserve = "vllm serve"')
-    plan = rlany(run, "loop", "loop.toml", "--print-plan")
-    assert plan.returncode == 0, plan.stderr[-3000:]
+    run, plan = printed_plan(tmp_path, tiny_model, keys, 'serve = "vllm serve"')
     lines = plan.stdout.splitlines()
     (run / "plan.sh").write_text(plan.stdout)
     assert subprocess.run(["bash", "-n", "plan.sh"], cwd=run).returncode == 0
@@ -183,10 +190,7 @@ def test_one_endpoint_serves_every_shard(tmp_path, tiny_model):
     """An openai engine with one base URL (a router, say) and `[launch] shards = 3`: the
     plan runs each generation stage as 3 shards, every one sending to that URL."""
     keys = 'engine = "openai"\nbase_url = "http://127.0.0.1:8000/v1"'
-    run = setup_run(tmp_path, tiny_model, keys=keys,
-                    launch=f'train = "{sys.executable}"\nshards = 3')
-    plan = rlany(run, "loop", "loop.toml", "--print-plan")
-    assert plan.returncode == 0, plan.stderr[-3000:]
+    run, plan = printed_plan(tmp_path, tiny_model, keys, 'shards = 3')
     rollout = [x for x in plan.stdout.splitlines() if "rlany rollout" in x]
     assert [f"--shard {i}/3" in x for i, x in enumerate(rollout)] == [True] * 3
     assert all("--base-url http://127.0.0.1:8000/v1" in x and "CUDA_VISIBLE" not in x
@@ -200,10 +204,7 @@ def test_a_plans_servers_load_the_models_files_and_count_this_hosts_gpus_once(tm
     host, so their two servers get GPUs 0 and 1, and another host's first gets GPU 0."""
     keys = ('engine = "openai"\nbase_url = "http://127.0.0.1:8000/v1,'
             'http://localhost:8001/v1,http://gpu-node-2:8000/v1"')
-    run = setup_run(tmp_path, tiny_model, keys=keys,
-                    launch=f'train = "{sys.executable}"\nserve = "vllm serve"')
-    plan = rlany(run, "loop", "loop.toml", "--print-plan")
-    assert plan.returncode == 0, plan.stderr[-3000:]
+    run, plan = printed_plan(tmp_path, tiny_model, keys, 'serve = "vllm serve"')
     serve = [x for x in plan.stdout.splitlines() if "nohup vllm serve" in x]
     model = str((run / "model").resolve())
     assert all(f"vllm serve {model} --served-model-name model " in x for x in serve), serve[0]
