@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
 	bench-judge-capacity bench-learning-judge bench-learning-ablation \
-	bench-learning-reduced bench-learning-upper bench-learning-miniwob bench-learning-demo \
+	bench-learning-reduced bench-learning-upper bench-learning-miniwob bench-learning-miniwob-mixed bench-learning-demo \
 	bench-learning-warm bench-learning-reasoning bench-learning-adapt bench-sweep \
 	bench-sweep-reasoning lint golden docs clean openenv-test-servers
 
@@ -131,6 +131,12 @@ bench-learning-reasoning: install
 bench-learning-miniwob: install
 	$(PY) research/learning.py --config examples/miniwob/learn.toml \
 		--bench learning-miniwob --arms policy-only --seeds 0 1 2 --readme
+
+# the pages where the base model has mixed outcomes (examples/miniwob/mixed.toml,
+# policy-only, 3 seeds x 6 iterations): learning-miniwob-mixed.*
+bench-learning-miniwob-mixed: install
+	$(PY) research/learning.py --config examples/miniwob/mixed.toml \
+		--bench learning-miniwob-mixed --arms policy-only --seeds 0 1 2 --readme
 
 # make demo's settings (learn.toml, grouped batches, 64 held-out episodes per evaluation),
 # 3 seeds, on the CPU as it is (no instruction-set switch is set: for AVX2 kernels on an
