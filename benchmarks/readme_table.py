@@ -108,7 +108,13 @@ def _suite(r: dict) -> str:
             f"{c.get('skipped', 0)} skipped (2 workers, 1 torch thread each)")
 
 
-FORMAT = {"demo": _demo, "suite": _suite, "shared_prefix": _shared_prefix,
+def _openenv(r: dict) -> str:
+    return "; ".join(f"{app}: reset {v['reset_ms_median']}, step {v['step_ms_median']}, close "
+                     f"{v['close_ms_median']} ms" for app, v in r["envs"].items()) + \
+        f" ({r['server']})"
+
+
+FORMAT = {"demo": _demo, "openenv": _openenv, "suite": _suite, "shared_prefix": _shared_prefix,
           "hf_generate": _hf_generate,
           "prompt_prefix": _prompt_prefix,
           "score": _score,
