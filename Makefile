@@ -174,10 +174,11 @@ bench-learning-upper: install
 
 # The environment loop's ablation (research/README.md, "The environment loop"): mid.toml from
 # the base model, 12 iterations, 8 tasks drawn per iteration, evaluations after iterations
-# 6 and 12; +adapt (outcome reward, no judge, the rewriter reads the env's account),
-# policy-only, and +adapt [train] (candidates' rollouts trained on at once: `score
-# --candidates train`, not in the paper), seeds interleaved. Resumable; a run that outlives a session travels in
-# research/inflight/ (`research/carry.py`): unpacked first if there, packed after.
+# 6 and 12. In the issue's order: +adapt (outcome reward, no judge, the rewriter reads the
+# env's account) and policy-only, seeds interleaved; then full (all three loops); then
+# +adapt [train] (candidates' rollouts trained on at once: `score --candidates train`, not
+# in the paper). Resumable; a run that outlives a session travels in research/inflight/
+# (`research/carry.py`): unpacked first if there, packed after.
 ADAPT_SETS := --config examples/household/mid.toml --bench learning-adapt-mid --iterations 12 \
 	--set eval_every=6 --set rollout.sample_tasks=8
 bench-learning-adapt: install
@@ -185,10 +186,10 @@ bench-learning-adapt: install
 	  $(PY) research/carry.py unpack research/inflight/learning-adapt-mid.tar.gz
 	for s in 0 1 2; do for arm in +adapt policy-only; do \
 	  $(PY) research/learning.py $(ADAPT_SETS) --arms $$arm --seeds $$s || exit 1; \
-	done; \
-	  $(PY) research/learning.py $(ADAPT_SETS) --arms +adapt --tag train \
-	    --set score.candidates=train --seeds $$s || exit 1; \
-	done
+	done; done
+	$(PY) research/learning.py $(ADAPT_SETS) --arms full --seeds 0 1 2
+	$(PY) research/learning.py $(ADAPT_SETS) --arms +adapt --tag train \
+	    --set score.candidates=train --seeds 0 1 2
 	$(PY) research/learning.py $(ADAPT_SETS) --report-only --readme
 
 # The same upper bound on the longer horizons: `make bench-learning-upper-mid` (mid.toml,
