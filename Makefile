@@ -133,8 +133,11 @@ bench-learning-miniwob: install
 		--bench learning-miniwob --arms policy-only --seeds 0 1 2 --readme
 
 # the pages where the base model has mixed outcomes (examples/miniwob/mixed.toml,
-# policy-only, 3 seeds x 6 iterations): learning-miniwob-mixed.*
+# policy-only, 3 seeds x 6 iterations): learning-miniwob-mixed.*; runs that outlived a
+# session travel in research/inflight/ (`research/carry.py`)
 bench-learning-miniwob-mixed: install
+	test ! -f research/inflight/learning-miniwob-mixed.tar.gz -o -d runs/learning-miniwob-mixed || \
+	  $(PY) research/carry.py unpack research/inflight/learning-miniwob-mixed.tar.gz
 	$(PY) research/learning.py --config examples/miniwob/mixed.toml \
 		--bench learning-miniwob-mixed --arms policy-only --seeds 0 1 2 --readme
 
