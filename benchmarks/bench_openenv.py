@@ -13,12 +13,12 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import save  # noqa: E402
 
+from rlany.envs import openenv_wire as wire  # noqa: E402
 from rlany.envs.openenv import OpenenvEnv  # noqa: E402
 from rlany.records import Task  # noqa: E402
 
@@ -31,21 +31,14 @@ ENVS = {  # app: (reset kwargs, the one step timed)
 }
 
 
-def serve() -> tuple[subprocess.Popen, str]:
+def serve() -> str:
+    """games.py on a free port, through the env's own server start (`openenv_wire`: polled
+    on /health, stopped when this process exits); its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([str(VENV_PY), str(SERVERS / "games.py"), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).close()
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"bench_openenv: the server did not start ({VENV_PY})")
-            time.sleep(0.2)
+    return wire.start_server([str(VENV_PY), str(SERVERS / "games.py"), "--port", str(port)],
+                             port, 180)
 
 
 def time_env(url: str, reset: dict, action: str) -> dict:
@@ -72,12 +65,8 @@ def time_env(url: str, reset: dict, action: str) -> dict:
 def main() -> dict:
     if not VENV_PY.exists():
         sys.exit("bench_openenv: needs tests/openenv_servers/.venv: make openenv-test-servers")
-    proc, url = serve()
-    try:
-        per_env = {app: time_env(f"{url}/{app}", *ENVS[app]) for app in ENVS}
-    finally:
-        proc.terminate()
-        proc.wait()
+    url = serve()
+    per_env = {app: time_env(f"{url}/{app}", *ENVS[app]) for app in ENVS}
     version = subprocess.run([str(VENV_PY), "-c", "import importlib.metadata as m; "
                               "print(m.version('openenv'))"], capture_output=True, text=True)
     result = {"metric": "ms per session open + reset, per step and per close, medians of "
