@@ -72,7 +72,7 @@ def main() -> dict:
     result = {"metric": "ms per session open + reset, per step and per close, medians of "
                         f"{EPISODES} episodes, client and server on 127.0.0.1",
               "server": f"openenv {version.stdout.strip()} (tests/openenv_servers/games.py)",
-              "episodes": EPISODES, "envs": per_env, "target": "-"}
+              "episodes": EPISODES, "envs": per_env}
     save("openenv", result)
     return result
 
