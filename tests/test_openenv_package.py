@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +18,7 @@ from conftest import one_line, read_jsonl, write_jsonl
 
 pytest.importorskip("websockets", reason="needs websockets: pip install 'rlany[openenv]'")
 from rlany.envs.openenv import OpenenvEnv  # noqa: E402
+from rlany.envs.openenv_wire import start_server  # noqa: E402
 from rlany.errors import RlanyError  # noqa: E402
 from rlany.records import Task  # noqa: E402
 from test_openenv import free_port, trajectories  # noqa: E402
@@ -36,22 +33,16 @@ BUSY = ("serves 1 session(s) at once (its max_concurrent_envs), all held by this
 
 @pytest.fixture(scope="module")
 def base():
-    port, log = free_port(), tempfile.TemporaryFile()
-    proc = subprocess.Popen([str(VENV_PY), str(HERE / "games.py"), "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
-    while True:  # importing openenv (fastapi, fastmcp) takes seconds on a busy machine
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"the openenv server did not start: {log.read()[-2000:]!r}")
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait()
+    """The server started as a stage starts one (`spec.server`): polled on /health, stopped
+    when the test process exits. Importing openenv (fastapi, fastmcp) takes seconds on a
+    busy machine: 180 s to answer."""
+    port = free_port()
+    try:
+        url = start_server([str(VENV_PY), str(HERE / "games.py"), "--port", str(port)], port,
+                           180)
+    except RlanyError as e:
+        pytest.fail(str(e))
+    return url
 
 
 def task(spec: dict, task_id: str = "t") -> Task:
