@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM ?= false
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
 	bench-judge-capacity bench-learning-judge bench-learning-ablation \
 	bench-learning-reduced bench-learning-upper bench-learning-miniwob bench-learning-miniwob-mixed bench-learning-demo \
-	bench-learning-warm bench-learning-reasoning bench-learning-adapt bench-sweep \
+	bench-learning-warm bench-learning-reasoning bench-learning-adapt bench-learning-warm-keep bench-sweep \
 	bench-sweep-reasoning lint golden docs clean openenv-test-servers
 
 install: $(VENV)/.installed-cpu
@@ -194,6 +194,23 @@ bench-learning-adapt: install
 	$(PY) research/learning.py $(ADAPT_SETS) --arms +adapt --tag train \
 	    --set score.candidates=train --seeds 0 1 2
 	$(PY) research/learning.py $(ADAPT_SETS) --report-only --readme
+
+# Issue "The environment loop earns its place", item 6: RL that keeps a warm start on
+# mid.toml (warm starts lost ground at lr 3e-4 with the KL to the pre-update policy). Three
+# policy-only arms from the same warm start per seed (made alike per seed), seeds
+# interleaved: [warm] as shipped (lr 3e-4, KL 0.01 to the pre-update policy), [warm-klinit]
+# (KL 0.1 to the warm start itself: `kl_ref = "init"`), [warm-lr1e4] (lr 1e-4):
+# research/results/learning-warm-keep.*. Resumable (a finished run is skipped).
+KEEP = $(PY) research/learning.py --config examples/household/mid.toml \
+	--bench learning-warm-keep --warm-start --set eval.judge=false --arms policy-only
+bench-learning-warm-keep: install
+	for s in 0 1 2; do \
+	  $(KEEP) --tag warm --seeds $$s || exit 1; \
+	  $(KEEP) --tag warm-klinit --set train_policy.kl_ref=init \
+	    --set train_policy.kl_beta=0.1 --seeds $$s || exit 1; \
+	  $(KEEP) --tag warm-lr1e4 --set train_policy.lr=1e-4 --seeds $$s || exit 1; \
+	done
+	$(KEEP) --report-only --readme
 
 # The same upper bound on the longer horizons: `make bench-learning-upper-mid` (mid.toml,
 # plans of 4-6 in 8 turns) or `-long` (long.toml, 4-8 in 10), results learning-mid/-long.*.
