@@ -294,8 +294,8 @@ def headline(by_arm: dict[str, list[dict]]) -> dict:
     for arm, runs in by_arm.items():
         base = baseline(arm, warm_started(runs), by_arm)
         only = by_arm.get(base) if base else None
-        if runs and only:
-            diffs[arm] = {**pooled_diff(runs, only), "against": base}
+        if d := pooled_diff(runs, only):
+            diffs[arm] = {**d, "against": base}
     # the full loop's row: untagged, else the warm-started one (`full [warm]`)
     full = next((a for a in ("full", "full [warm]") if a in diffs), None)
     out["full_minus_policy_only"] = {**diffs[full], "arm": full} if full else None
@@ -307,28 +307,37 @@ def headline(by_arm: dict[str, list[dict]]) -> dict:
 
 
 def pooled_diff(runs: list[dict] | None, against: list[dict] | None) -> dict | None:
-    """Final held-out success of `runs` minus `against`'s, each pooled over its seeds, with
-    the Newcombe 95% interval (None unless both have runs)."""
-    if not runs or not against:
+    """Final held-out success of `runs` minus `against`'s, each pooled over the seeds both
+    arms ran (paired by seed: an arm's seeds the other has not run yet wait for it), with
+    the Newcombe 95% interval; None unless they share a seed."""
+    common = {r.get("seed") for r in runs or ()} & {r.get("seed") for r in against or ()}
+    if not common:
         return None
+    alone = {r.get("seed") for r in [*runs, *against]} - common
+    runs, against = ([r for r in rs if r.get("seed") in common] for rs in (runs, against))
     k0, n0 = (sum(r["final"][k] for r in against) for k in ("successes", "episodes"))
     k1, n1 = (sum(r["final"][k] for r in runs) for k in ("successes", "episodes"))
     return {"value": round(k1 / n1 - k0 / n0, 4), "ci95": gain_interval(k1, n1, k0, n0),
-            "seeds": [len(runs), len(against)]}
+            "seeds": sorted(common, key=str), "unpaired": sorted(alone, key=str)}
 
 
 def versus(head: dict, costs: dict | None) -> str:
     """The lines under the table: each arm against policy-only (final held-out success,
-    pooled, Newcombe 95%; seconds per iteration without evaluation)."""
+    pooled over the seeds both ran, Newcombe 95%; seconds per iteration without
+    evaluation)."""
+    def seeds(d: dict) -> str:  # named where one arm has seeds the other has not run
+        return (f" (seeds {', '.join(map(str, d['seeds']))}: the seeds both ran)"
+                if d.get("unpaired") else "")
+
     diffs = head.get("final_minus_policy_only") or {}
     lines = [f"- {arm}: final {d['value']:+.3f} ({d['ci95'][0]:+.3f} to {d['ci95'][1]:+.3f}) "
-             f"against {d.get('against', 'policy-only')}"
+             f"against {d.get('against', 'policy-only')}{seeds(d)}"
              + (f", {costs[arm]:.2f}x its seconds per iteration" if costs and arm in costs
                 else "")
              for arm, d in diffs.items()]
     if d := head.get("full_minus_adapt"):
         lines.append(f"- full: final {d['value']:+.3f} ({d['ci95'][0]:+.3f} to "
-                     f"{d['ci95'][1]:+.3f}) against +adapt")
+                     f"{d['ci95'][1]:+.3f}) against +adapt{seeds(d)}")
     return ("\n" + "\n".join(lines) + "\n") if lines else ""
 
 

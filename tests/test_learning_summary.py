@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
 
-from learning_summary import baseline, cost_ratios, headline  # noqa: E402
+from learning_summary import baseline, cost_ratios, headline, versus  # noqa: E402
 
 
 def _run(final: int, warm: bool) -> dict:
@@ -146,3 +146,18 @@ def test_each_row_names_its_seeds_and_the_cpu_each_run_recorded():
         {"cpu": "AVX2 forced", "precision": "float32", "seeds": [2]},
         {"cpu": "unknown", "precision": "unknown", "seeds": [3]},
         {"cpu": "AVX2", "precision": "bfloat16", "seeds": [5]}]
+
+
+def test_arms_are_compared_on_the_seeds_both_ran():
+    """+adapt's seed 1 finished before policy-only's: the comparison waits for it rather
+    than pooling two seeds against one."""
+    def seeded(final: int, seed: int) -> dict:
+        return {**_run(final, False), "seed": seed}
+
+    by_arm = {"policy-only": [seeded(2, 0)], "+adapt": [seeded(3, 0), seeded(1, 1)],
+              "full": [seeded(9, 2)]}
+    head = headline(by_arm)
+    assert head["adapt_minus_policy_only"]["seeds"] == [0]
+    assert abs(head["adapt_minus_policy_only"]["value"] - 1 / 128) < 1e-4
+    assert "full" not in head["final_minus_policy_only"] and head["full_minus_adapt"] is None
+    assert "against policy-only (seeds 0: the seeds both ran)" in versus(head, None)
