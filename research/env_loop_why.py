@@ -1,0 +1,115 @@
+"""Why the environment loop's easier pool does or does not become held-out success: what
+the accepted rewrites are, and whether the policy progresses on the original tasks.
+
+For each run of the household env-loop benchmark (`make bench-learning-adapt`'s
+runs/learning-adapt-mid/ARM-sSEED):
+- the decided candidates by edit (the env's edit name before its ':', e.g. "goal kind",
+  or its verb, "remove"), accepted and rejected, and the goal kinds of the accepted ones
+  (the held-out tasks are all "pick_and_place");
+- per iteration, the pool episodes of *original* tasks (never rewritten): how many, the
+  share that picked up the goal object (an "take OBJ ..." action the env answered with
+  "You pick up": the first half of "put X in/on Y"), and the share that succeeded.
+
+    python research/env_loop_why.py runs/learning-adapt-mid --seeds 0 1 2
+
+Writes research/results/NAME.json (with the machine) and prints one line per run. Reads
+files only: seconds, no model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lab import save  # noqa: E402
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def edit_name(edit: str) -> str:
+    """'goal kind: pick_and_place -> pick' -> 'goal kind'; 'remove table 1' -> 'remove'."""
+    return edit.split(":", 1)[0] if ":" in edit else edit.split(" ", 1)[0]
+
+
+def edits(run: Path) -> dict:
+    """Decided candidates by edit name, accepted and rejected, and the accepted goal kinds."""
+    cands = {c["task_id"]: c for f in sorted(run.glob("iter_*/candidates.jsonl"))
+             for c in _jsonl(f)}
+    accepted, rejected, kinds = (collections.Counter() for _ in range(3))
+    for f in sorted(run.glob("iter_*/decisions.jsonl")):
+        for d in _jsonl(f):
+            c = cands.get(d["task_id"], {})
+            name = edit_name(c.get("candidate", {}).get("edit") or "?")
+            (accepted if d["accepted"] else rejected)[name] += 1
+            if d["accepted"] and c:
+                kinds[c["spec"]["goal"]["kind"]] += 1
+    return {"accepted": dict(accepted.most_common()), "rejected": dict(rejected.most_common()),
+            "accepted_goal_kinds": dict(kinds.most_common())}
+
+
+def took_goal_object(traj: dict, obj: str) -> bool:
+    take = re.compile(rf"take {re.escape(obj)} \d+ ")
+    return any(take.match(s.get("action") or "") and "you pick up" in
+               (s.get("next_obs") or "").lower() for s in traj["steps"])
+
+
+def originals(run: Path) -> list[dict]:
+    """Per iteration: the original tasks' pool episodes, the share that picked up the goal
+    object, the share that succeeded."""
+    out = []
+    for d in sorted(run.glob("iter_*")):
+        if not (d / "trajectories.jsonl").exists():
+            break
+        tasks = {t["task_id"]: t for t in _jsonl(d / "rollout_tasks.jsonl")
+                 if not (t.get("lineage") or {}).get("version")}  # version 0: never rewritten
+        trajs = [t for t in _jsonl(d / "trajectories.jsonl") if t["task_id"] in tasks]
+        n = len(trajs)
+        took = sum(took_goal_object(t, tasks[t["task_id"]]["spec"]["goal"]["object"])
+                   for t in trajs)
+        won = sum((t.get("outcome") or 0) > 0 for t in trajs)
+        out.append({"iteration": int(d.name[5:]), "episodes": n, "took": took, "succeeded": won})
+    return out
+
+
+def summary(runs_dir: Path, late: int, seeds: list[int] | None = None) -> dict:
+    runs = {}
+    for run in sorted(p for p in runs_dir.iterdir() if (p / "metrics.jsonl").exists()
+                      and (seeds is None or any(p.name.endswith(f"-s{s}") for s in seeds))):
+        per_iter = originals(run)
+        tail = per_iter[-late:]
+        n = sum(r["episodes"] for r in tail)
+        runs[run.name] = {"iterations": len(per_iter), "edits": edits(run),
+                          "originals": per_iter,
+                          f"took_share_last_{late}": round(sum(r["took"] for r in tail)
+                                                           / max(n, 1), 3),
+                          f"episodes_last_{late}": n}
+    return {"runs_dir": str(runs_dir), "late_iterations": late, "seeds": seeds, "runs": runs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs_dir", type=Path)
+    parser.add_argument("--name", default="learning-adapt-mid-why")
+    parser.add_argument("--late", type=int, default=4, help="the last N iterations pooled")
+    parser.add_argument("--seeds", type=int, nargs="+", help="only these seeds' runs "
+                        "(ARM-sSEED; default: every run, finished or not)")
+    args = parser.parse_args()
+    result = summary(args.runs_dir, args.late, args.seeds)
+    for name, r in result["runs"].items():
+        acc = r["edits"]["accepted"]
+        print(f"{name}: accepted {sum(acc.values())} ({acc}; goal kinds "
+              f"{r['edits']['accepted_goal_kinds']}); originals' goal object picked up in "
+              f"the last {args.late} iterations: {r[f'took_share_last_{args.late}']} of "
+              f"{r[f'episodes_last_{args.late}']} episodes")
+    print(save(args.name, result), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""research/env_loop_why.py: the accepted rewrites by edit and goal kind, and the original
+tasks' progress (goal object picked up) per iteration, read from a run's files."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
+
+from env_loop_why import summary  # noqa: E402
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _task(task_id: str, kind: str, version: int) -> dict:
+    return {"task_id": task_id, "spec": {"goal": {"kind": kind, "object": "apple"}},
+            "lineage": {"version": version}}
+
+
+def _traj(task_id: str, action: str, obs: str, outcome: float) -> dict:
+    return {"task_id": task_id, "outcome": outcome,
+            "steps": [{"action": "go to table 1", "next_obs": "You arrive"},
+                      {"action": action, "next_obs": obs}]}
+
+
+def test_accepted_edits_and_the_originals_progress(tmp_path):
+    it = tmp_path / "adapt-s0" / "iter_000"
+    _write(it.parent / "metrics.jsonl", [{"iteration": 0}])
+    _write(it / "rollout_tasks.jsonl", [_task("t1", "pick_and_place", 0),
+                                        _task("t1.v1.i0", "pick", 1)])
+    _write(it / "trajectories.jsonl", [
+        _traj("t1", "take apple 1 from table 1", "You pick up the apple 1.", -1),
+        _traj("t1", "take apple 1 from table 1", "Nothing happens.", -1),
+        _traj("t1", "take applepie 1 from table 1", "You pick up the applepie 1.", -1),
+        _traj("t1.v1.i0", "take apple 1 from table 1", "You pick up the apple 1.", 1)])
+    _write(it / "candidates.jsonl", [
+        {"task_id": "t1.v1.i0", "spec": {"goal": {"kind": "pick"}},
+         "candidate": {"edit": "goal kind: pick_and_place -> pick"}},
+        {"task_id": "t2.v1.i0", "spec": {"goal": {"kind": "pick_and_place"}},
+         "candidate": {"edit": "remove table 1"}}])
+    _write(it / "decisions.jsonl", [{"task_id": "t1.v1.i0", "accepted": True},
+                                    {"task_id": "t2.v1.i0", "accepted": False}])
+    run = summary(tmp_path, late=1)["runs"]["adapt-s0"]
+    assert run["edits"] == {"accepted": {"goal kind": 1}, "rejected": {"remove": 1},
+                            "accepted_goal_kinds": {"pick": 1}}
+    # the rewritten task's episode is not an original's; a failed take and another
+    # object's are no progress
+    assert run["originals"] == [{"iteration": 0, "episodes": 3, "took": 1, "succeeded": 0}]
+    assert run["took_share_last_1"] == round(1 / 3, 3) and run["iterations"] == 1
