@@ -181,7 +181,8 @@ bench-learning-upper: install
 # env's account) and policy-only, seeds interleaved; then full (all three loops); then
 # +adapt [train] (candidates' rollouts trained on at once: `score --candidates train`, not
 # in the paper). Resumable; a run that outlives a session travels in research/inflight/
-# (`research/carry.py`): unpacked first if there, packed after.
+# (`research/carry.py`): unpacked first if there, packed after. Last, what the curriculum
+# accepted and the original tasks' progress (research/env_loop_why.py).
 ADAPT_SETS := --config examples/household/mid.toml --bench learning-adapt-mid --iterations 12 \
 	--set eval_every=6 --set rollout.sample_tasks=8
 bench-learning-adapt: install
@@ -194,6 +195,7 @@ bench-learning-adapt: install
 	$(PY) research/learning.py $(ADAPT_SETS) --arms +adapt --tag train \
 	    --set score.candidates=train --seeds 0 1 2
 	$(PY) research/learning.py $(ADAPT_SETS) --report-only --readme
+	$(PY) research/env_loop_why.py runs/learning-adapt-mid --seeds 0 1 2
 
 # Issue "The environment loop earns its place", item 6: RL that keeps a warm start on
 # mid.toml (warm starts lost ground at lr 3e-4 with the KL to the pre-update policy). Three
