@@ -118,6 +118,23 @@ def test_random_rewrite_is_a_seeded_uniform_pick_of_the_same_menu():
     assert seen == {"1", "2", "3", "4", "5"}  # every edit of the menu can be drawn
 
 
+def test_excluded_edits_never_reach_the_menu():
+    """--exclude-edits "goal kind,step limit": a curriculum kept to the pool's kind of task;
+    the random rewriter draws from what is left, and every edit left is still offered."""
+    pool = make_tasks(6, seed=2)
+    table = {t.task_id: _stats(t.task_id, 0) for t in pool}
+    env, names = make_env("household"), ("goal kind", "step limit")
+    full = [[e.description for e in env.edits(t.spec, "easier")] for t in pool]
+    assert any(d.startswith(names) for m in full for d in m)  # the menu had them
+    for seed in range(5):
+        cands, _, _ = propose(pool, table, {}, RandomEdits(seed, 0), make_env,
+                              AdaptOptions(samples=1, rewrite="random",
+                                           exclude_edits=" goal kind, step limit"))
+        edits = [c.extra["candidate"]["edit"] for c in cands]
+        assert edits and not any(e.startswith(names) for e in edits)
+        assert all(e in m for e, m in zip(edits, full))
+
+
 def _menu_request(n: int):
     from rlany.engines import Request, Sampling
 

@@ -41,18 +41,14 @@ from rlany.engines import Engine, Request, Sampling
 from rlany.envs import Environment, OffersEdits, offered_edits
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
-from rlany.prompts import (
-    clip,
-    edit_choices,
-    edit_messages,
-    rewrite_messages,
-)
+from rlany.prompts import clip, edit_choices, edit_messages, rewrite_messages
 from rlany.records import Task, TaskStats
 from rlany.stages.adapt_metrics import env_loop_counts, summary_line
 from rlany.stages.critiques import model_summaries, read_critiques
 from rlany.stages.rewrites import (
     RandomEdits,
     candidate_task,
+    kept_edits,
     read_proposal,
     reparent,
     stepping_stones,
@@ -92,6 +88,9 @@ class AdaptOptions(EngineFields):
                        "0, its parent still unsolved) is a stepping stone; its own easier "
                        "rewrite becomes the parent's next candidate, up to this many stones "
                        "deep. 0: the paper's rule (one edit from the pool task).", min=0)
+    exclude_edits: str | None = opt(None, "Not in the paper: leave out of the menu the env's "
+                                    "edits whose description starts with one of these "
+                                    "comma-separated names, e.g. 'goal kind'.")
     critiques: int = opt(3, "Critique snippets in a task's summary.", min=1)
     dup_threshold: float = opt(97.0, "rapidfuzz similarity (0-100) at which a rewrite "
                                "duplicates a pool task.", min=0, max=100)
@@ -291,7 +290,8 @@ def _describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
             descriptions[t.task_id] = env.describe(t)
             if opts.rewrite in ("edits", "random") or (opts.rewrite == "auto" and
                                            isinstance(env, OffersEdits)):
-                menus[t.task_id] = offered_edits(env, t.spec, d)
+                menus[t.task_id] = kept_edits(offered_edits(env, t.spec, d),
+                                              opts.exclude_edits)
         except Exception as e:  # whatever the env raises on a spec it cannot read
             descriptions.pop(t.task_id, None)
             broken.append({"task_id": t.task_id, "direction": d, "iteration": opts.iteration,

@@ -133,3 +133,11 @@ def reparent(cand: Task, stones: list[Task]) -> Task:
             "via": stone.task_id, "hops": was.get("hops", 0) + 1}
     return replace(cand, lineage=replace(cand.lineage, parent_id=stone.lineage.parent_id),
                    extra={**cand.extra, "candidate": info})
+
+
+def kept_edits(menu: list, exclude: str | None) -> list:
+    """`adapt-tasks --exclude-edits` (not in the paper): the env's edits whose description
+    starts with none of the comma-separated names ("goal kind" leaves out "goal kind:
+    pick_and_place -> pick"), so a curriculum can be kept to the pool's kind of task."""
+    names = tuple(n.strip() for n in (exclude or "").split(",") if n.strip())
+    return [e for e in menu if not e.description.startswith(names)] if names else menu
