@@ -5,7 +5,8 @@ For each run of the household env-loop benchmark (`make bench-learning-adapt`'s
 runs/learning-adapt-mid/ARM-sSEED):
 - the decided candidates by edit (the env's edit name before its ':', e.g. "goal kind",
   or its verb, "remove"), accepted and rejected, and the goal kinds of the accepted ones
-  (the held-out tasks are all "pick_and_place");
+  (the held-out tasks are all "pick_and_place"); the edits that keep the task's kind,
+  accepted of decided, by the kind;
 - per iteration, the pool episodes of *original* tasks (never rewritten): how many, the
   share that picked up the goal object (an "take OBJ ..." action the env answered with
   "You pick up": the first half of "put X in/on Y"), and the share that succeeded.
@@ -43,6 +44,7 @@ def edits(run: Path) -> dict:
     cands = {c["task_id"]: c for f in sorted(run.glob("iter_*/candidates.jsonl"))
              for c in _jsonl(f)}
     accepted, rejected, kinds = (collections.Counter() for _ in range(3))
+    by_kind: dict[str, list[int]] = {}  # "KIND: EDIT" -> [accepted, decided]
     for f in sorted(run.glob("iter_*/decisions.jsonl")):
         for d in _jsonl(f):
             c = cands.get(d["task_id"], {})
@@ -50,8 +52,12 @@ def edits(run: Path) -> dict:
             (accepted if d["accepted"] else rejected)[name] += 1
             if d["accepted"] and c:
                 kinds[c["spec"]["goal"]["kind"]] += 1
+            if c and name != "goal kind":  # an edit that keeps the task's kind
+                n = by_kind.setdefault(f"{c['spec']['goal']['kind']}: {name}", [0, 0])
+                n[0], n[1] = n[0] + bool(d["accepted"]), n[1] + 1
     return {"accepted": dict(accepted.most_common()), "rejected": dict(rejected.most_common()),
-            "accepted_goal_kinds": dict(kinds.most_common())}
+            "accepted_goal_kinds": dict(kinds.most_common()),
+            "kind_kept_accepted_of_decided": dict(sorted(by_kind.items()))}
 
 
 def took_goal_object(traj: dict, obj: str) -> bool:

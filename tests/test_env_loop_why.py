@@ -45,7 +45,8 @@ def test_accepted_edits_and_the_originals_progress(tmp_path):
                                     {"task_id": "t2.v1.i0", "accepted": False}])
     run = summary(tmp_path, late=1)["runs"]["adapt-s0"]
     assert run["edits"] == {"accepted": {"goal kind": 1}, "rejected": {"remove": 1},
-                            "accepted_goal_kinds": {"pick": 1}}
+                            "accepted_goal_kinds": {"pick": 1},
+                            "kind_kept_accepted_of_decided": {"pick_and_place: remove": [0, 1]}}
     # the rewritten task's episode is not an original's; a failed take and another
     # object's are no progress
     assert run["originals"] == [{"iteration": 0, "episodes": 3, "took": 1, "succeeded": 0}]
