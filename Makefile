@@ -178,7 +178,8 @@ bench-learning-upper: install
 # The environment loop's ablation (research/README.md, "The environment loop"): mid.toml from
 # the base model, 12 iterations, 8 tasks drawn per iteration, evaluations after iterations
 # 6 and 12. In the issue's order: +adapt (outcome reward, no judge, the rewriter reads the
-# env's account) and policy-only, seeds interleaved; then full (all three loops); then
+# env's account) and policy-only, seeds interleaved; then +adapt [same-kind] seed 0 (no
+# "goal kind" edits, stepping stones 2: research/README.md's "why"); then full; then
 # +adapt [train] (candidates' rollouts trained on at once: `score --candidates train`, not
 # in the paper). Resumable; a run that outlives a session travels in research/inflight/
 # (`research/carry.py`): unpacked first if there, packed after. Last, what the curriculum
@@ -191,6 +192,8 @@ bench-learning-adapt: install
 	for s in 0 1 2; do for arm in +adapt policy-only; do \
 	  $(PY) research/learning.py $(ADAPT_SETS) --arms $$arm --seeds $$s || exit 1; \
 	done; done
+	$(PY) research/learning.py $(ADAPT_SETS) --arms +adapt --tag same-kind \
+	    --set 'adapt_tasks.exclude_edits=goal kind' --set adapt_tasks.descend=2 --seeds 0
 	$(PY) research/learning.py $(ADAPT_SETS) --arms full --seeds 0 1 2
 	$(PY) research/learning.py $(ADAPT_SETS) --arms +adapt --tag train \
 	    --set score.candidates=train --seeds 0 1 2
