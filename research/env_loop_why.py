@@ -21,17 +21,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from lab import save  # noqa: E402
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from lab import read_rows, save  # noqa: E402
 
 
 def edit_name(edit: str) -> str:
@@ -42,11 +37,11 @@ def edit_name(edit: str) -> str:
 def edits(run: Path) -> dict:
     """Decided candidates by edit name, accepted and rejected, and the accepted goal kinds."""
     cands = {c["task_id"]: c for f in sorted(run.glob("iter_*/candidates.jsonl"))
-             for c in _jsonl(f)}
+             for c in read_rows(f)}
     accepted, rejected, kinds = (collections.Counter() for _ in range(3))
     by_kind: dict[str, list[int]] = {}  # "KIND: EDIT" -> [accepted, decided]
     for f in sorted(run.glob("iter_*/decisions.jsonl")):
-        for d in _jsonl(f):
+        for d in read_rows(f):
             c = cands.get(d["task_id"], {})
             name = edit_name(c.get("candidate", {}).get("edit") or "?")
             (accepted if d["accepted"] else rejected)[name] += 1
@@ -73,9 +68,9 @@ def originals(run: Path) -> list[dict]:
     for d in sorted(run.glob("iter_*")):
         if not (d / "trajectories.jsonl").exists():
             break
-        tasks = {t["task_id"]: t for t in _jsonl(d / "rollout_tasks.jsonl")
+        tasks = {t["task_id"]: t for t in read_rows(d / "rollout_tasks.jsonl")
                  if not (t.get("lineage") or {}).get("version")}  # version 0: never rewritten
-        trajs = [t for t in _jsonl(d / "trajectories.jsonl") if t["task_id"] in tasks]
+        trajs = [t for t in read_rows(d / "trajectories.jsonl") if t["task_id"] in tasks]
         n = len(trajs)
         took = sum(took_goal_object(t, tasks[t["task_id"]]["spec"]["goal"]["object"])
                    for t in trajs)

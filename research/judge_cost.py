@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lab import boot_id, made_since_boot, save  # noqa: E402
+from lab import read_rows as rows  # noqa: E402
 
 
 def tokens_of(tok):
@@ -36,10 +37,6 @@ def tokens_of(tok):
             cache[text] = len(tok(text)["input_ids"])
         return cache[text]
     return count
-
-
-def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def iteration(d: Path, count, seconds: dict) -> dict:

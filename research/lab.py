@@ -9,6 +9,7 @@ up two modules of one name."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,11 @@ from benchmarks.common import boot_id, check_name, cpu_label, machine  # noqa: E
 
 RESULTS = Path(os.environ.get("RLANY_RESEARCH_DIR", "research/results"))
 README = Path(__file__).parent / "README.md"  # the generated tables live here
+
+
+def read_rows(path: Path) -> list[dict]:
+    """A JSONL file's records (blank lines skipped): a run's files, read by the scripts here."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def save(name: str, result: dict) -> Path:
