@@ -210,11 +210,11 @@ def test_an_unreachable_server_fails_the_stage_in_one_line(tmp_path, cli):
 
 def test_slow_garbage_and_full_servers_fail_in_one_line(url):
     env = OpenenvEnv()
-    env.reset(task(url, reset={"slow": 2}, timeout_s=0.3))
+    env.reset(task(url, reset={"slow": 3}, timeout_s=0.3))
     started = time.monotonic()
     with pytest.raises(RlanyError, match=r"did not answer a step within 0.3s"):
         env.step("1")
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2.5  # not the server's 3 s: a margin for a loaded machine
     env.reset(task(url, reset={"garbage": True}))
     with pytest.raises(RlanyError, match="something not JSON: '<html>502"):
         env.step("1")
@@ -223,11 +223,11 @@ def test_slow_garbage_and_full_servers_fail_in_one_line(url):
     try:
         holder = OpenenvEnv()
         holder.reset(task(small_url))
-        started = time.monotonic()  # full of our own sessions: busy at once, no waiting
+        started = time.monotonic()  # full of our own sessions: busy at once, not after 30 s
         with pytest.raises(EnvBusy, match=r"full with this stage's 1 session\(s\) \(Server "
                                           r"at capacity: 1/1"):
             OpenenvEnv().reset(task(small_url))
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < 10  # the retrying path waits timeout_s (30 s)
         holder.close()  # a freed session is given to the next episode
         other = OpenenvEnv()
         assert other.reset(task(small_url)).startswith("Guess")
