@@ -135,6 +135,18 @@ def test_excluded_edits_never_reach_the_menu():
         assert all(e in m for e, m in zip(edits, full))
 
 
+def test_an_exclusion_that_matches_no_edit_is_named(capsys):
+    """A misspelt --exclude-edits name would leave the whole menu in, silently: the stage
+    names it (and not the names that did leave an edit out)."""
+    pool = make_tasks(6, seed=2)
+    table = {t.task_id: _stats(t.task_id, 0) for t in pool}
+    propose(pool, table, {}, RandomEdits(0, 0), make_env,
+            AdaptOptions(samples=1, rewrite="random", exclude_edits="goal knd,step limit"))
+    err = capsys.readouterr().err
+    assert "--exclude-edits 'goal knd' left out no edit of 6 task(s)' menus" in err
+    assert "step limit" not in err
+
+
 def _menu_request(n: int):
     from rlany.engines import Request, Sampling
 

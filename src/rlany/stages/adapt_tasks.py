@@ -52,6 +52,7 @@ from rlany.stages.rewrites import (
     read_proposal,
     reparent,
     stepping_stones,
+    warn_unmatched,
 )
 
 REWRITES = ("auto", "edits", "free", "random")
@@ -284,6 +285,7 @@ def _describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
     descriptions: dict[str, str] = {}
     menus: dict[str, list] = {}
     broken: list[dict] = []
+    matched: set = set()
     for t, d in targets:
         env = envs[t.task_id]
         try:
@@ -291,12 +293,13 @@ def _describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
             if opts.rewrite in ("edits", "random") or (opts.rewrite == "auto" and
                                            isinstance(env, OffersEdits)):
                 menus[t.task_id] = kept_edits(offered_edits(env, t.spec, d),
-                                              opts.exclude_edits)
+                                              opts.exclude_edits, matched)
         except Exception as e:  # whatever the env raises on a spec it cannot read
             descriptions.pop(t.task_id, None)
             broken.append({"task_id": t.task_id, "direction": d, "iteration": opts.iteration,
                            "outputs": [], "reasons": [f"the {t.env} env cannot read this "
                                                       f"task: {type(e).__name__}: {e}"]})
+    warn_unmatched(opts.exclude_edits, matched, len(menus))
     return descriptions, menus, broken
 
 

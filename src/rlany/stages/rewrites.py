@@ -135,9 +135,31 @@ def reparent(cand: Task, stones: list[Task]) -> Task:
                    extra={**cand.extra, "candidate": info})
 
 
-def kept_edits(menu: list, exclude: str | None) -> list:
+def _names(exclude: str | None) -> tuple:
+    return tuple(n.strip() for n in (exclude or "").split(",") if n.strip())
+
+
+def kept_edits(menu: list, exclude: str | None, matched: set | None = None) -> list:
     """`adapt-tasks --exclude-edits` (not in the paper): the env's edits whose description
     starts with none of the comma-separated names ("goal kind" leaves out "goal kind:
-    pick_and_place -> pick"), so a curriculum can be kept to the pool's kind of task."""
-    names = tuple(n.strip() for n in (exclude or "").split(",") if n.strip())
-    return [e for e in menu if not e.description.startswith(names)] if names else menu
+    pick_and_place -> pick"), so a curriculum can be kept to the pool's kind of task. The
+    names that left an edit out are added to `matched`."""
+    names = _names(exclude)
+    kept = []
+    for e in menu:
+        hits = [n for n in names if e.description.startswith(n)]
+        (matched if matched is not None else set()).update(hits)
+        if not hits:
+            kept.append(e)
+    return kept
+
+
+def warn_unmatched(exclude: str | None, matched: set, menus: int) -> None:
+    """Says which --exclude-edits names left out no edit of any of this stage's menus (a
+    typo, most likely: the run would otherwise go on with the whole menu, silently)."""
+    unmatched = [n for n in _names(exclude) if n not in matched]
+    if menus and unmatched:
+        from rlany.console import info
+
+        info(f"adapt-tasks: --exclude-edits {', '.join(map(repr, unmatched))} left out no "
+             f"edit of {menus} task(s)' menus (an edit's description starts with its name)")
