@@ -187,6 +187,9 @@ def arm_summary(runs: list[dict]) -> dict:
     def mean(values):
         values = [v for v in values if v is not None]
         return sum(values) / len(values) if values else None
+    def it_seconds(rs):  # an iteration's stages without its evaluation, mean of iterations
+        return mean(sum(v for k, v in sec.items() if k != "eval")
+                    for r in rs for sec in r["stage_seconds"] if sec)
     return {"seeds": len(runs), "base": kb / nb, "base_ci95": wilson_interval(kb, nb),
             "final": kf / nf, "final_ci95": wilson_interval(kf, nf), "episodes": nf,
             "gain": kf / nf - kb / nb, "gain_ci95": gain_interval(kf, nf, kb, nb),
@@ -214,8 +217,8 @@ def arm_summary(runs: list[dict]) -> dict:
             "hosts": sorted({(r.get("machine") or {}).get("boot_id") or "" for r in runs}),
             # an iteration's stages without its evaluation, mean over seeds and iterations:
             # what the judge costs per iteration (eval runs every eval_every, in every arm)
-            "iteration_seconds": mean(sum(v for k, v in sec.items() if k != "eval")
-                                      for r in runs for sec in r["stage_seconds"] if sec),
+            "iteration_seconds": it_seconds(runs),
+            "iteration_seconds_per_seed": [round(it_seconds([r]) or 0) for r in runs],
             "stage_seconds": {k: mean(sec.get(k) for r in runs for sec in r["stage_seconds"]
                                       if sec) for k in STAGE_ORDER}}
 

@@ -105,6 +105,12 @@ def test_seconds_compare_only_between_arms_that_ran_on_the_same_hosts():
     for r in runs:
         r["final"] = {**r["final"], **run_final, "judge_step_accuracy": None}
     assert arm_summary(runs)["hosts"] == ["", "a"]
+    # each seed's own seconds too (a paused run's iterations would otherwise hide in the mean)
+    runs[0]["stage_seconds"] = [{"rollout": 100.0, "eval": 50.0}, {"rollout": 200.0}]
+    runs[1]["stage_seconds"] = [{"rollout": 250.0, "train_policy": 50.0}]
+    summary = arm_summary(runs)
+    assert summary["iteration_seconds"] == 200.0
+    assert summary["iteration_seconds_per_seed"] == [150, 300]
 
 
 def _judged(final: int, gain: float) -> dict:
