@@ -113,8 +113,13 @@ def make_random(tokenizer: Path, shape: dict, directory: Path, device: str) -> f
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     base = json.loads((tokenizer / "config.json").read_text())
-    config = LlamaConfig(**{**base, **shape, "head_dim": shape["hidden_size"]
-                            // shape["num_attention_heads"]})
+    if shape.get("model_type") == "qwen3":  # another family: only the tokenizer's ids kept
+        from transformers import Qwen3Config
+        ids = {k: base[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        config = Qwen3Config(**ids, **{k: v for k, v in shape.items() if k != "model_type"})
+    else:
+        config = LlamaConfig(**{**base, **shape, "head_dim": shape["hidden_size"]
+                                // shape["num_attention_heads"]})
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -127,18 +132,27 @@ def make_random(tokenizer: Path, shape: dict, directory: Path, device: str) -> f
     return round(size, 3)
 
 
-def scored_file(path: Path, n: int, prompt_words: int, response_words: int) -> None:
+def scored_file(path: Path, n: int, prompt_words: int, response_words: int,
+                tokenizer: Path | None = None) -> None:
     """n scored steps (one per trajectory, advantage +-1, kept) with prompts of about
-    `prompt_words` words: the shape train-policy reads, without a rollout to make it."""
+    `prompt_words` words (one token each in SmolLM2's tokenizer): the shape train-policy
+    reads, without a rollout to make it. With `tokenizer`, each response carries its token
+    ids and log-probs as an engine's would (PPO's pre-update pass is then not rerun)."""
     from rlany.records import Scored, ScoredStep, to_json
     words = "the agent opens the drawer and takes the red apple to the table".split()
+    if tokenizer:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(tokenizer)
     with open(path, "w") as f:
         for i in range(n):
             prompt = " ".join(words[(i + k) % len(words)] for k in range(prompt_words))
             response = " ".join(words[(2 * i + k) % len(words)] for k in range(response_words))
+            ids = tok(response, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] \
+                if tokenizer else None
             step = ScoredStep(step=0, prompt_messages=[{"role": "user", "content": prompt}],
                               response=response, step_score=0.0, reward=1.0 - 2 * (i % 2),
-                              advantage=1.0 - 2 * (i % 2), keep=True)
+                              advantage=1.0 - 2 * (i % 2), keep=True, token_ids=ids,
+                              logprobs=[-1.0] * len(ids) if ids else None)
             rec = Scored(traj_id=f"t{i}", task_id=f"task{i // 8}", iteration=0, sample=i % 8,
                          outcome=1 - 2 * (i % 2), task_acc=0.5, steps=[step])
             f.write(json.dumps(to_json(rec)) + "\n")

@@ -366,3 +366,22 @@ def test_rollout_and_a_loops_init_policy_refuse_another_models_adapter(
     r = cli("loop", str(config))
     assert "init_rm: made for another base model than" in one_line(r, 1)
     assert not (tmp_path / "runs").exists()
+
+
+def test_out_of_gpu_memory_is_an_outside_fault_with_what_to_lower():
+    """torch's OutOfMemoryError (an 80 GB GPU at a 16k-token response before log-probs were
+    taken in chunks: benchmarks/README.md "On a GPU") is the device's limit, not a bug."""
+    import torch
+
+    from rlany.errors import unexpected_line
+
+    e = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB. GPU 0 has a "
+                               "total capacity of 79.18 GiB of which 1.53 GiB is free. "
+                               "Process 835 has 2.02 GiB memory in use. Including ...")
+    label, line, code = unexpected_line(e)
+    assert (label, code) == ("error", 1)
+    assert line.startswith("out of GPU memory (CUDA out of memory. Tried to allocate 9.00 GiB"
+                           ". GPU 0 has a total capacity of 79.18 GiB of which 1.53 GiB is "
+                           "free): lower --micro-batch") and "--grad-checkpointing" in line
+    assert "Process 835" not in line
+    assert unexpected_line(ValueError("x"))[::2] == ("internal error", 70)

@@ -62,6 +62,25 @@ def test_token_logprobs_matches_log_softmax():
     assert torch.allclose(token_logprobs(logits, ids), want, atol=1e-6)
 
 
+def test_token_logprobs_in_chunks_are_the_same_numbers_and_gradients(monkeypatch):
+    """Long responses are taken in chunks of positions, each recomputed in the backward
+    pass: the values and the gradients are bit for bit those of one pass."""
+    import rlany.logprobs
+
+    logits = torch.randn(2, 50, 37, dtype=torch.bfloat16, requires_grad=True)
+    ids = torch.randint(0, 37, (2, 50))
+    whole = token_logprobs(logits, ids)
+    (grad_whole,) = torch.autograd.grad(whole.sum(), logits)
+    monkeypatch.setattr(rlany.logprobs, "CHUNK_ELEMENTS", 2 * 37 * 7)  # 7 positions a chunk
+    calls = []
+    real = rlany.logprobs._chunk
+    monkeypatch.setattr(rlany.logprobs, "_chunk", lambda *a: calls.append(1) or real(*a))
+    chunked = token_logprobs(logits, ids)
+    (grad_chunked,) = torch.autograd.grad(chunked.sum(), logits)
+    assert torch.equal(whole, chunked) and torch.equal(grad_whole, grad_chunked)
+    assert len(calls) == 2 * 7  # 7 chunks of 49 positions, each run again in the backward
+
+
 def test_response_logprobs_keep_only_response_logits_equals_full(tiny_model):
     from rlany.compat import accepts_logits_to_keep
     from rlany.training.trainer import collate, response_logprobs
@@ -157,6 +176,27 @@ def test_batch_4_accum_1_equals_batch_1_accum_4(tiny_model, tmp_path):
     _, lc = _train(tiny_model, tmp_path, "c", micro_batch=2, grad_accum=2, max_steps=1,
                    max_grad_norm=1e9)
     assert lc[0]["grad_norm"] == pytest.approx(la[0]["grad_norm"], rel=1e-4)
+
+
+def test_grad_checkpointing_recomputes_the_layers_and_changes_no_number(tiny_model, tmp_path):
+    def run(flag: bool):
+        opts = TrainOptions(output="unused", lr=1e-2, seed=0, dtype="float32", micro_batch=4,
+                            grad_accum=1, max_steps=2, grad_checkpointing=flag,
+                            share_prefix=False)  # its cache and the recompute do not mix
+        model, tok = load_model(tiny_model, None, opts)
+        calls, mlp = [], model.base_model.model.model.layers[0].mlp
+        forward = mlp.forward  # (a hook does not see the recompute: the method does)
+        mlp.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+        logs = []
+        train(_samples(tok), model, tok, opts, tmp_path / f"ckpt-{flag}", {"data_sha256": "x"},
+              logs.append)
+        return len(calls), logs
+    plain_calls, plain = run(False)
+    again_calls, again = run(True)
+    assert again_calls == plain_calls + 2  # each step's one micro-batch run again backward
+    for a, b in zip(plain, again, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
 
 
 def test_lr_schedules_by_hand():

@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from rlany.console import console, info
 from rlany.envs.make import MAX_TASKS, SPLITS, excluding, parse_knobs, spec_key
-from rlany.errors import RlanyError, UsageError
+from rlany.errors import RlanyError, UsageError, unexpected_line
 from rlany.options import command
 from rlany.stages import COMMANDS
 
@@ -361,10 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # a bug: one line unless asked, never a wall of text
         if debug:
             raise
-        console.print(f"[red]internal error:[/] {escape(type(e).__name__)}: {escape(str(e))} "
-                      "(rerun with RLANY_DEBUG=1 for the traceback and report it)",
-                      soft_wrap=True)
-        code = 70
+        label, line, code = unexpected_line(e)
+        console.print(f"[red]{label}:[/] {escape(line)}", soft_wrap=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
     if code == 130 and not printed:  # typer turns an interrupt into its exit code 130

@@ -35,3 +35,15 @@ class NoSamples(RlanyError):
     """A trainer found nothing to learn from (every advantage zero, no trajectory succeeded,
     every sample too long). The command exits 1 with this line; the loop records the stage
     as skipped and the model stays as it was."""
+
+
+def unexpected_line(e: Exception) -> tuple[str, str, int]:
+    """(label, line, exit code) for an exception no stage turned into an RlanyError: torch's
+    out-of-memory is the device's limit, an outside fault (exit 1) with what to lower; any
+    other is a bug (exit 70), reported in one line."""
+    if type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA's, and others)
+        what = ". ".join(str(e).split(". ")[:3]).rstrip(".")  # need, capacity, free
+        return ("error", f"out of GPU memory ({what}): lower --micro-batch or --max-len, or "
+                "for training add --grad-checkpointing", 1)
+    return ("internal error", f"{type(e).__name__}: {e} (rerun with RLANY_DEBUG=1 for the "
+            "traceback and report it)", 70)

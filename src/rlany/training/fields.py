@@ -86,6 +86,11 @@ class TrainFields:
                              "(the same loss and gradients, less compute; on a CPU with "
                              "sdpa or eager attention, else off: slower on a GPU).",
                              diagnostic=True)
+    grad_checkpointing: bool = opt(False, "Recompute each layer's activations in the backward "
+                                   "pass instead of keeping them (Hugging Face's gradient "
+                                   "checkpointing): about a third more compute for a fraction "
+                                   "of the memory, for long sequences (benchmarks/README.md, "
+                                   "\"On a GPU\"). Turns --share-prefix off.")
 
     def check(self, name) -> None:
         if not self.target_modules.strip(" ,"):

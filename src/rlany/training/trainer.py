@@ -221,7 +221,9 @@ def _forward_pass(acc, model, opts: TrainFields, meta: dict, obj: Objective, pad
     keep = accepts_logits_to_keep(model)
     # not on a GPU: there the plain batch ran 2.5x faster (H200, SmolLM2-360M's shape, LoRA
     # and full; benchmarks/README.md "On a GPU"): a 4-D mask costs attention its fused kernels
+    # nor with --grad-checkpointing: the shared prefix is a key-value cache it cannot recompute
     share = (opts.share_prefix and keep and acc.device.type != "cuda"
+             and not opts.grad_checkpointing
              and shareable(acc.unwrap_model(model)))
 
     # full fine-tuning in bf16 (fp32 weights) and LoRA in bf16 on a GPU (fp32 adapters):
@@ -231,6 +233,9 @@ def _forward_pass(acc, model, opts: TrainFields, meta: dict, obj: Objective, pad
     amp = autocast_bf16(opts, acc.device.type)
     meta.update(autocast="bfloat16" if amp else None, device=acc.device.type,
                 versions=package_versions(*TRAIN_VERSIONS))
+    if opts.grad_checkpointing:  # in training mode only: the no-grad passes are unchanged
+        acc.unwrap_model(model).gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def forward(batch: list[Sample]):
         with torch.autocast(acc.device.type, dtype=torch.bfloat16) if amp else nullcontext():
