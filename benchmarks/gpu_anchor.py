@@ -21,13 +21,10 @@ it on a CPU with a tiny shape (to test this script). Writes gpu.json and gpu-log
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import time
 from pathlib import Path
 
-from gpu_check import SMOKE_SHAPE, Checks, device_facts, make_random, scored_file, train
+from gpu_check import SMOKE_SHAPE, Checks, device_facts, make_random, scored_file, start, train
 
 PRIME_RL = {"full": {"tokens_per_s": 11900, "mfu": 0.111, "peak_gib": 12.5, "step_s": 1.38},
             "lora": {"tokens_per_s": 13340, "mfu": 0.109, "peak_gib": 5.1, "step_s": 1.23}}
@@ -60,19 +57,9 @@ def anchor(c: Checks, tokenizer: Path, work: Path, device: str, smoke: bool,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokenizer", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/rlany-anchor"))
-    ap.add_argument("--budget", type=float, default=400, help="seconds for all runs")
-    ap.add_argument("--runs", default="full:12000:4000,lora:12000:4000",
-                    help="KIND:PROMPT:RESPONSE[:gc], comma-separated (see above)")
-    ap.add_argument("--smoke", action="store_true", help="a tiny shape, CPU allowed")
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(a.work, ignore_errors=True)
-    a.work.mkdir(parents=True)
-    c = Checks(a.out, time.time() + a.budget)
+    a, c = start(__doc__, "/tmp/rlany-anchor", 400, lambda ap: ap.add_argument(
+        "--runs", default="full:12000:4000,lora:12000:4000",
+        help="KIND:PROMPT:RESPONSE[:gc], comma-separated (see above)"))
     c.results["machine"] = facts = device_facts()
     if not facts["cuda_available"] and not a.smoke:
         c.record("cuda", ok=False, error="torch sees no CUDA device")

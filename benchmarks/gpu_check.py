@@ -301,20 +301,27 @@ def loop(c: Checks, tiny: Path, work: Path, smoke: bool) -> None:
              **({"error": tail} if rc else {}))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def start(doc: str, work: str, budget: float, more) -> tuple[argparse.Namespace, Checks]:
+    """The GPU scripts' shared arguments (`more` adds a script's own), a clean --work, and
+    the Checks that keep to --budget."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--tokenizer", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/rlany-gpu"))
-    ap.add_argument("--budget", type=float, default=420, help="seconds for all checks")
-    ap.add_argument("--only", default="", help="comma-separated: gen,train,accelerate,loop,large "
-                    "(large: only the larger model's training)")
+    ap.add_argument("--work", type=Path, default=Path(work))
+    ap.add_argument("--budget", type=float, default=budget, help="seconds for everything")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU allowed")
+    more(ap)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True)
-    c = Checks(a.out, time.time() + a.budget)
+    return a, Checks(a.out, time.time() + a.budget)
+
+
+def main() -> None:
+    a, c = start(__doc__, "/tmp/rlany-gpu", 420, lambda ap: ap.add_argument(
+        "--only", default="", help="comma-separated: gen,train,accelerate,loop,large (large: "
+        "only the larger model's training)"))
     only = set(filter(None, a.only.split(","))) or {"gen", "train", "accelerate", "loop"}
     facts = device_facts()
     c.results["machine"] = facts
