@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import sys
 from pathlib import Path
@@ -42,6 +43,8 @@ def edits(run: Path) -> dict:
     by_kind: dict[str, list[int]] = {}  # "KIND: EDIT" -> [accepted, decided]
     for f in sorted(run.glob("iter_*/decisions.jsonl")):
         for d in read_rows(f):
+            if d.get("kind", "decision") != "decision":  # a rewrite the stage rejected
+                continue
             c = cands.get(d["task_id"], {})
             name = edit_name(c.get("candidate", {}).get("edit") or "?")
             (accepted if d["accepted"] else rejected)[name] += 1
@@ -86,7 +89,10 @@ def summary(runs_dir: Path, late: int, seeds: list[int] | None = None) -> dict:
         per_iter = originals(run)
         tail = per_iter[-late:]
         n = sum(r["episodes"] for r in tail)
-        runs[run.name] = {"iterations": len(per_iter), "edits": edits(run),
+        planned = json.loads((run / "config.json").read_text()).get("iterations") \
+            if (run / "config.json").exists() else None
+        runs[run.name] = {"iterations": len(per_iter), "planned_iterations": planned,
+                          "edits": edits(run),
                           "originals": per_iter,
                           f"took_share_last_{late}": round(sum(r["took"] for r in tail)
                                                            / max(n, 1), 3),
@@ -105,7 +111,9 @@ def main() -> None:
     result = summary(args.runs_dir, args.late, args.seeds)
     for name, r in result["runs"].items():
         acc = r["edits"]["accepted"]
-        print(f"{name}: accepted {sum(acc.values())} ({acc}; goal kinds "
+        done = "" if r["iterations"] == r["planned_iterations"] else \
+            f" (unfinished: {r['iterations']} of {r['planned_iterations']} iterations)"
+        print(f"{name}{done}: accepted {sum(acc.values())} ({acc}; goal kinds "
               f"{r['edits']['accepted_goal_kinds']}); originals' goal object picked up in "
               f"the last {args.late} iterations: {r[f'took_share_last_{args.late}']} of "
               f"{r[f'episodes_last_{args.late}']} episodes")

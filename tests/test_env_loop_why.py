@@ -41,8 +41,10 @@ def test_accepted_edits_and_the_originals_progress(tmp_path):
          "candidate": {"edit": "goal kind: pick_and_place -> pick"}},
         {"task_id": "t2.v1.i0", "spec": {"goal": {"kind": "pick_and_place"}},
          "candidate": {"edit": "remove table 1"}}])
-    _write(it / "decisions.jsonl", [{"task_id": "t1.v1.i0", "accepted": True},
-                                    {"task_id": "t2.v1.i0", "accepted": False}])
+    _write(it / "decisions.jsonl", [{"kind": "decision", "task_id": "t1.v1.i0", "accepted": True},
+                                    {"task_id": "t2.v1.i0", "accepted": False},
+                                    {"kind": "rewrite_rejected", "task_id": "t3",
+                                     "reasons": ["no valid edit"]}])  # not a decision
     run = summary(tmp_path, late=1)["runs"]["adapt-s0"]
     assert run["edits"] == {"accepted": {"goal kind": 1}, "rejected": {"remove": 1},
                             "accepted_goal_kinds": {"pick": 1},
@@ -51,3 +53,4 @@ def test_accepted_edits_and_the_originals_progress(tmp_path):
     # object's are no progress
     assert run["originals"] == [{"iteration": 0, "episodes": 3, "took": 1, "succeeded": 0}]
     assert run["took_share_last_1"] == round(1 / 3, 3) and run["iterations"] == 1
+    assert run["planned_iterations"] is None  # no config.json: a run whose plan is unknown
