@@ -91,7 +91,8 @@ def summary(runs_dir: Path, late: int, seeds: list[int] | None = None) -> dict:
         n = sum(r["episodes"] for r in tail)
         planned = json.loads((run / "config.json").read_text()).get("iterations") \
             if (run / "config.json").exists() else None
-        runs[run.name] = {"iterations": len(per_iter), "planned_iterations": planned,
+        done = len((run / "metrics.jsonl").read_text().splitlines())  # iterations finished
+        runs[run.name] = {"iterations": done, "planned_iterations": planned,
                           "edits": edits(run),
                           "originals": per_iter,
                           f"took_share_last_{late}": round(sum(r["took"] for r in tail)
@@ -111,7 +112,7 @@ def main() -> None:
     result = summary(args.runs_dir, args.late, args.seeds)
     for name, r in result["runs"].items():
         acc = r["edits"]["accepted"]
-        done = "" if r["iterations"] == r["planned_iterations"] else \
+        done = "" if r["planned_iterations"] in (None, r["iterations"]) else \
             f" (unfinished: {r['iterations']} of {r['planned_iterations']} iterations)"
         print(f"{name}{done}: accepted {sum(acc.values())} ({acc}; goal kinds "
               f"{r['edits']['accepted_goal_kinds']}); originals' goal object picked up in "

@@ -29,6 +29,7 @@ def _traj(task_id: str, action: str, obs: str, outcome: float) -> dict:
 def test_accepted_edits_and_the_originals_progress(tmp_path):
     it = tmp_path / "adapt-s0" / "iter_000"
     _write(it.parent / "metrics.jsonl", [{"iteration": 0}])
+    (it.parent / "config.json").write_text('{"iterations": 3}')
     _write(it / "rollout_tasks.jsonl", [_task("t1", "pick_and_place", 0),
                                         _task("t1.v1.i0", "pick", 1)])
     _write(it / "trajectories.jsonl", [
@@ -53,4 +54,4 @@ def test_accepted_edits_and_the_originals_progress(tmp_path):
     # object's are no progress
     assert run["originals"] == [{"iteration": 0, "episodes": 3, "took": 1, "succeeded": 0}]
     assert run["took_share_last_1"] == round(1 / 3, 3) and run["iterations"] == 1
-    assert run["planned_iterations"] is None  # no config.json: a run whose plan is unknown
+    assert run["planned_iterations"] == 3  # unfinished: 1 of 3 (the metrics' lines)

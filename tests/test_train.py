@@ -71,14 +71,16 @@ def test_token_logprobs_in_chunks_are_the_same_numbers_and_gradients(monkeypatch
     ids = torch.randint(0, 37, (2, 50))
     whole = token_logprobs(logits, ids)
     (grad_whole,) = torch.autograd.grad(whole.sum(), logits)
-    monkeypatch.setattr(rlany.logprobs, "CHUNK_ELEMENTS", 2 * 37 * 7)  # 7 positions a chunk
+    monkeypatch.setattr(rlany.logprobs, "CHUNK_ELEMENTS", 2 * 37 * 6)  # 6 positions a chunk
     calls = []
     real = rlany.logprobs._chunk
     monkeypatch.setattr(rlany.logprobs, "_chunk", lambda *a: calls.append(1) or real(*a))
     chunked = token_logprobs(logits, ids)
     (grad_chunked,) = torch.autograd.grad(chunked.sum(), logits)
     assert torch.equal(whole, chunked) and torch.equal(grad_whole, grad_chunked)
-    assert len(calls) == 2 * 7  # 7 chunks of 49 positions, each run again in the backward
+    assert len(calls) == 2 * 9  # 9 chunks of 49 positions (the last of 1), each run again
+    with torch.no_grad():  # no backward: each chunk once
+        assert torch.equal(token_logprobs(logits, ids), whole) and len(calls) == 2 * 9 + 9
 
 
 def test_response_logprobs_keep_only_response_logits_equals_full(tiny_model):
@@ -179,24 +181,29 @@ def test_batch_4_accum_1_equals_batch_1_accum_4(tiny_model, tmp_path):
 
 
 def test_grad_checkpointing_recomputes_the_layers_and_changes_no_number(tiny_model, tmp_path):
-    def run(flag: bool):
+    def run(flag: bool, **kw):
         opts = TrainOptions(output="unused", lr=1e-2, seed=0, dtype="float32", micro_batch=4,
-                            grad_accum=1, max_steps=2, grad_checkpointing=flag,
-                            share_prefix=False)  # its cache and the recompute do not mix
+                            grad_accum=1, max_steps=2, grad_checkpointing=flag, **kw)
         model, tok = load_model(tiny_model, None, opts)
-        calls, mlp = [], model.base_model.model.model.layers[0].mlp
+        net = model.base_model.model
+        calls, mlp = [], net.model.layers[0].mlp
         forward = mlp.forward  # (a hook does not see the recompute: the method does)
         mlp.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
         logs = []
-        train(_samples(tok), model, tok, opts, tmp_path / f"ckpt-{flag}", {"data_sha256": "x"},
-              logs.append)
-        return len(calls), logs
-    plain_calls, plain = run(False)
-    again_calls, again = run(True)
+        summary = train(_samples(tok), model, tok, opts, tmp_path / f"ckpt-{flag}-{kw}",
+                        {"data_sha256": "x"}, logs.append)
+        # handed back as it came (the loop's trainers borrow the engine's network)
+        assert not net.is_gradient_checkpointing
+        assert getattr(net, "_require_grads_hook", None) is None
+        return len(calls), logs, summary
+    plain_calls, plain, _ = run(False, share_prefix=False)
+    again_calls, again, _ = run(True, share_prefix=False)
     assert again_calls == plain_calls + 2  # each step's one micro-batch run again backward
     for a, b in zip(plain, again, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    # the shared prefixes are a key-value cache the recompute cannot keep: off with it
+    assert run(True)[2]["shared_prefix"] is False
 
 
 def test_lr_schedules_by_hand():

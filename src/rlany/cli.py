@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # a bug: one line unless asked, never a wall of text
         if debug:
             raise
-        label, line, code = unexpected_line(e)
+        label, line, code = unexpected_line(e, next(iter(argv or sys.argv[1:]), ""))
         console.print(f"[red]{label}:[/] {escape(line)}", soft_wrap=True)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_ELEMENTS = 1 << 28  # fp32 logits per chunk (1 GiB): what one chunk's pass holds
+CHUNK_ELEMENTS = 1 << 28  # fp32 logits per chunk (1 GiB; its pass holds a few times that)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -24,10 +24,10 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
         return _chunk(logits[:, :-1], targets)
     from torch.utils.checkpoint import checkpoint
 
-    parts = []
-    for s in range(0, t - 1, step):
-        part, tgt = logits[:, s:min(s + step, t - 1)], targets[:, s:s + step]
-        parts.append(checkpoint(_chunk, part, tgt, use_reentrant=False)
+    parts = []  # split: one backward node gathers the chunks' gradients into one tensor
+    for part, tgt in zip(logits[:, :-1].split(step, 1), targets.split(step, 1)):
+        parts.append(checkpoint(_chunk, part, tgt, use_reentrant=False,
+                                preserve_rng_state=False)
                      if part.requires_grad else _chunk(part, tgt))
     return torch.cat(parts, dim=1)
 

@@ -35,7 +35,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -179,22 +179,23 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
                "kl_ref": kl_ref,
                "samples_from_ids": sum(s.from_ids for s in samples),
                "samples_retokenized": sum(not s.from_ids for s in samples)}
-    for step in range(start_step, len(steps)):
-        t0 = time.perf_counter()
-        numbers = _optimizer_step(acc, model, params, forward, samples,
-                                  steps[step], old, opts, obj, ref)
-        _check_finite(numbers, step, output)
-        lr = lr_at(opts.lr, opts.lr_schedule, step, len(steps))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        record = _step_record(numbers, step, steps, samples, lr, time.perf_counter() - t0)
-        if acc.is_main_process:
-            log(record)
-        summary.update({k: record[k] for k in ("loss", "kl", "clip_frac", "grad_norm")})
-        if (step + 1) % opts.save_every == 0 and step + 1 < len(steps):
-            state.save_state(acc, partial, step + 1, meta, plan)
+    with recomputing(acc.unwrap_model(model), opts.grad_checkpointing):
+        for step in range(start_step, len(steps)):
+            t0 = time.perf_counter()
+            numbers = _optimizer_step(acc, model, params, forward, samples,
+                                      steps[step], old, opts, obj, ref)
+            _check_finite(numbers, step, output)
+            lr = lr_at(opts.lr, opts.lr_schedule, step, len(steps))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            record = _step_record(numbers, step, steps, samples, lr, time.perf_counter() - t0)
+            if acc.is_main_process:
+                log(record)
+            summary.update({k: record[k] for k in ("loss", "kl", "clip_frac", "grad_norm")})
+            if (step + 1) % opts.save_every == 0 and step + 1 < len(steps):
+                state.save_state(acc, partial, step + 1, meta, plan)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["shared_prefix"] = share
     if acc.device.type == "cuda":  # since this training began, model and optimizer included
@@ -204,6 +205,29 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
           {**meta, "metrics": summary, "options": asdict(opts)})
     acc.wait_for_everyone()
     return summary
+
+
+@contextmanager
+def recomputing(net, on: bool):
+    """`--grad-checkpointing` for this update only: each layer recomputed in the backward
+    (non-reentrant), and the network handed back as it came (the loop's trainers borrow
+    the engine's). Non-reentrant checkpointing needs no gradient on the inputs, so Hugging
+    Face's input hook is taken off at once (it would run the backward through the layers
+    `--lora-layers` leaves frozen)."""
+    if not on:
+        yield
+        return
+    base = net.get_base_model() if hasattr(net, "get_base_model") else net
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise RlanyError(f"--grad-checkpointing: {type(base).__name__} does not support "
+                         "gradient checkpointing", hint="leave it off")
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if getattr(base, "_require_grads_hook", None) is not None:
+        base.disable_input_require_grads()
+    try:
+        yield
+    finally:
+        base.gradient_checkpointing_disable()
 
 
 def _forward_pass(acc, model, opts: TrainFields, meta: dict, obj: Objective, pad: int):
@@ -233,9 +257,6 @@ def _forward_pass(acc, model, opts: TrainFields, meta: dict, obj: Objective, pad
     amp = autocast_bf16(opts, acc.device.type)
     meta.update(autocast="bfloat16" if amp else None, device=acc.device.type,
                 versions=package_versions(*TRAIN_VERSIONS))
-    if opts.grad_checkpointing:  # in training mode only: the no-grad passes are unchanged
-        acc.unwrap_model(model).gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def forward(batch: list[Sample]):
         with torch.autocast(acc.device.type, dtype=torch.bfloat16) if amp else nullcontext():
