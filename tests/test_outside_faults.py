@@ -378,14 +378,14 @@ def test_out_of_gpu_memory_is_an_outside_fault_with_what_to_lower():
     e = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB. GPU 0 has a "
                                "total capacity of 79.18 GiB of which 1.53 GiB is free. "
                                "Process 835 has 2.02 GiB memory in use. Including ...")
-    label, line, code = unexpected_line(e, "train-policy")
+    label, line, code = unexpected_line(e, "borrows")  # a trainer
     assert (label, code) == ("error", 1)
     assert line.startswith("out of GPU memory (CUDA out of memory. Tried to allocate 9.00 GiB"
                            ". GPU 0 has a total capacity of 79.18 GiB of which 1.53 GiB is "
                            "free): lower --micro-batch") and "--grad-checkpointing" in line
     assert "Process 835" not in line
     # what to lower is the command's own: generation has no --micro-batch
-    assert unexpected_line(e, "rollout")[1].endswith(
+    assert unexpected_line(e, "generates")[1].endswith(
         "lower --engine-batch (hf), --max-model-len (vllm) or --max-tokens")
     assert "[train_policy] micro_batch" in unexpected_line(e, "loop")[1]
     assert unexpected_line(ValueError("x"))[::2] == ("internal error", 70)

@@ -361,7 +361,10 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # a bug: one line unless asked, never a wall of text
         if debug:
             raise
-        label, line, code = unexpected_line(e, next(iter(argv or sys.argv[1:]), ""))
+        name = next(iter(argv or sys.argv[1:]), "")  # the role decides what to lower
+        role = "loop" if name == "loop" else next((c.engine for c in COMMANDS
+                                                   if c.name == name), None)
+        label, line, code = unexpected_line(e, role)
         console.print(f"[red]{label}:[/] {escape(line)}", soft_wrap=True)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -37,20 +37,18 @@ class NoSamples(RlanyError):
     as skipped and the model stays as it was."""
 
 
-TRAINERS = ("train-policy", "train-rm", "sft")
-
-
-def unexpected_line(e: Exception, command: str = "") -> tuple[str, str, int]:
+def unexpected_line(e: Exception, role: str | None = None) -> tuple[str, str, int]:
     """(label, line, exit code) for an exception no stage turned into an RlanyError: torch's
     out-of-memory is the device's limit, an outside fault (exit 1) with what to lower for
-    `command`; any other is a bug (exit 70), reported in one line."""
+    the command's `role` (the stage registry's engine role: "borrows", a trainer;
+    "generates"; or "loop"); any other is a bug (exit 70), reported in one line."""
     if type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA's, and others)
         what = ". ".join(str(e).split(". ")[:3]).rstrip(".")  # need, capacity, free
         hint = ("lower --micro-batch or --max-len, or add --grad-checkpointing"
-                if command in TRAINERS else
+                if role == "borrows" else
                 "lower the failing stage's batch or lengths in the config (e.g. "
                 "[train_policy] micro_batch, grad_checkpointing = true; engine_batch)"
-                if command == "loop" else
+                if role == "loop" else
                 "lower --engine-batch (hf), --max-model-len (vllm) or --max-tokens")
         return "error", f"out of GPU memory ({what}): {hint}", 1
     return ("internal error", f"{type(e).__name__}: {e} (rerun with RLANY_DEBUG=1 for the "

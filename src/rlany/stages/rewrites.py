@@ -144,11 +144,11 @@ def kept_edits(menu: list, exclude: str | None, matched: set | None = None) -> l
     starts with none of the comma-separated names ("goal kind" leaves out "goal kind:
     pick_and_place -> pick"), so a curriculum can be kept to the pool's kind of task. The
     names that left an edit out are added to `matched`."""
-    names = _names(exclude)
+    names, matched = _names(exclude), set() if matched is None else matched
     kept = []
     for e in menu:
         hits = [n for n in names if e.description.startswith(n)]
-        (matched if matched is not None else set()).update(hits)
+        matched.update(hits)
         if not hits:
             kept.append(e)
     return kept
