@@ -98,7 +98,15 @@ def summary(runs_dir: Path, late: int, seeds: list[int] | None = None) -> dict:
                           f"took_share_last_{late}": round(sum(r["took"] for r in tail)
                                                            / max(n, 1), 3),
                           f"episodes_last_{late}": n}
-    return {"runs_dir": str(runs_dir), "late_iterations": late, "seeds": seeds, "runs": runs}
+    pooled: dict[str, list[int]] = {}  # ARM -> [took, episodes] over its runs' last iterations
+    for name, r in runs.items():
+        n = pooled.setdefault(name.rsplit("-s", 1)[0], [0, 0])
+        n[0] += sum(x["took"] for x in r["originals"][-late:])
+        n[1] += sum(x["episodes"] for x in r["originals"][-late:])
+    return {"runs_dir": str(runs_dir), "late_iterations": late, "seeds": seeds, "runs": runs,
+            f"took_pooled_last_{late}": {a: {"took": t, "episodes": e,
+                                              "share": round(t / max(e, 1), 3)}
+                                          for a, (t, e) in pooled.items()}}
 
 
 def main() -> None:

@@ -46,7 +46,10 @@ def test_accepted_edits_and_the_originals_progress(tmp_path):
                                     {"task_id": "t2.v1.i0", "accepted": False},
                                     {"kind": "rewrite_rejected", "task_id": "t3",
                                      "reasons": ["no valid edit"]}])  # not a decision
-    run = summary(tmp_path, late=1)["runs"]["adapt-s0"]
+    result = summary(tmp_path, late=1)
+    assert result["took_pooled_last_1"] == {"adapt": {"took": 1, "episodes": 3,
+                                                      "share": round(1 / 3, 3)}}
+    run = result["runs"]["adapt-s0"]
     assert run["edits"] == {"accepted": {"goal kind": 1}, "rejected": {"remove": 1},
                             "accepted_goal_kinds": {"pick": 1},
                             "kind_kept_accepted_of_decided": {"pick_and_place: remove": [0, 1]}}
