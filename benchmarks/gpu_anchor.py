@@ -56,6 +56,21 @@ def anchor(c: Checks, tokenizer: Path, work: Path, device: str, smoke: bool,
              parameters_b=size, prime_rl=PRIME_RL, **runs)
 
 
+def versus_prime_rl(anchor_runs: dict) -> dict:
+    """The ratios benchmarks/README.md states, from the recorded runs: rlany's tokens/s and
+    peak memory with recompute over prime-rl's published row (full: the 4k-response and the
+    LM-head-everywhere shape; LoRA: 4k), and what --grad-checkpointing costs at 15.9k."""
+    run = anchor_runs.__getitem__
+    speed = {spec: run(spec)["tokens_per_s_median"]
+             / PRIME_RL[spec.split(":")[0]]["tokens_per_s"] for spec in ("full:12000:4000:gc", "full:100:15900:gc", "lora:12000:4000:gc")}
+    memory = {spec: run(spec)["peak_gpu_memory_gib"] / PRIME_RL[spec.split(":")[0]]["peak_gib"]
+              for spec in speed}
+    kept, gc = run("full:100:15900"), run("full:100:15900:gc")
+    return {"speed": speed, "memory": memory,
+            "grad_checkpointing_tokens_per_s_lost": 1 - gc["tokens_per_s_median"]
+            / kept["tokens_per_s_median"]}
+
+
 def main() -> None:
     a, c = start(__doc__, "/tmp/rlany-anchor", 400, lambda ap: ap.add_argument(
         "--runs", default="full:12000:4000,lora:12000:4000",

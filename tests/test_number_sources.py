@@ -138,3 +138,19 @@ def test_no_readme_claims_one_cpu_for_results_that_record_several():
                           "CPU **with AVX-512 and AVX512_BF16** (bf16).")  # the old text
     for readme in READMES:
         assert not one_cpu_claims(readme.read_text()), (readme, cpus)
+
+
+def test_the_ratios_against_prime_rl_are_the_recorded_runs():
+    """benchmarks/README.md's ratios against prime-rl's published row are computed from
+    gpu.json's h100_anchor runs (gpu_anchor.versus_prime_rl), not by hand."""
+    import gpu_anchor
+    v = gpu_anchor.versus_prime_rl(json.loads((BENCH_RESULTS / "gpu.json").read_text())
+                                   ["h100_anchor"]["runs"])
+    speed, memory = v["speed"], v["memory"]
+    text = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
+    full = sorted(speed[s] for s in ("full:100:15900:gc", "full:12000:4000:gc"))
+    assert f"rlany's full step ran {full[0]:.1f}x" in text
+    assert f"to {full[1]:.1f}x (on a 4k-token response only" in text
+    assert f"LoRA {speed['lora:12000:4000:gc']:.1f}x, in {min(memory.values()):.1f}-" \
+           f"{max(memory.values()):.1f}x its memory" in text
+    assert f"for {v['grad_checkpointing_tokens_per_s_lost']:.0%} fewer tokens/s" in text
