@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
 from conftest import read_jsonl, write_jsonl
 from rlany.engines.fake import FakeEngine
 from rlany.envs import make_env
@@ -145,6 +147,20 @@ def test_an_exclusion_that_matches_no_edit_is_named(capsys):
     err = capsys.readouterr().err
     assert "--exclude-edits 'goal knd' left out no edit of 6 task(s)' menus" in err
     assert "step limit" not in err
+
+
+def test_an_exclusion_with_free_rewrites_is_refused():
+    """--rewrite free shows the model no menu, so --exclude-edits would do nothing: refused
+    as a usage error, by its flag on the command line and by its key in a loop table."""
+    from rlany.errors import RlanyError
+    from rlany.options import validate
+
+    with pytest.raises(RlanyError, match="--exclude-edits leaves edits out of the env's "
+                                         "menu, and --rewrite free shows the model none"):
+        validate(AdaptOptions(rewrite="free", exclude_edits="goal kind"))
+    with pytest.raises(RlanyError, match=r"\[adapt_tasks\] exclude_edits leaves"):
+        validate(AdaptOptions(rewrite="free", exclude_edits="goal kind"), "[adapt_tasks]")
+    validate(AdaptOptions(rewrite="edits", exclude_edits="goal kind"))  # a menu: fine
 
 
 def _menu_request(n: int):

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rlany.engines import Engine, Request, Sampling
-from rlany.envs import Environment, OffersEdits, offered_edits
+from rlany.envs import Environment
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
 from rlany.prompts import clip, edit_choices, edit_messages, rewrite_messages
@@ -48,11 +48,10 @@ from rlany.stages.critiques import model_summaries, read_critiques
 from rlany.stages.rewrites import (
     RandomEdits,
     candidate_task,
-    kept_edits,
+    describe,
     read_proposal,
     reparent,
     stepping_stones,
-    warn_unmatched,
 )
 
 REWRITES = ("auto", "edits", "free", "random")
@@ -117,6 +116,9 @@ class AdaptOptions(EngineFields):
         if self.alpha_low >= self.alpha_high:
             raise RlanyError(f"need {name('alpha_low')} < {name('alpha_high')}, got "
                              f"{self.alpha_low} >= {self.alpha_high}")
+        if self.exclude_edits and self.rewrite == "free":  # it would be silently unused
+            raise RlanyError(f"{name('exclude_edits')} leaves edits out of the env's menu, "
+                             f"and {name('rewrite')} free shows the model none")
 
     @property
     def sampling(self) -> Sampling:
@@ -210,7 +212,7 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
     targets = [(t, direction_for(stats[t.task_id].acc, opts)) for t in pool if t.task_id in stats]
     targets = [(t, d) for t, d in targets if d]
     envs = {t.task_id: make_env(t.env) for t, _ in targets}
-    descriptions, menus, broken = _describe(targets, envs, opts)
+    descriptions, menus, broken = describe(targets, envs, opts)
     targets = [(t, d) for t, d in targets if t.task_id in descriptions]
     summaries = {t.task_id: critiques.get(t.task_id, "(no critiques)") for t, _ in targets}
     if opts.summary == "model":
@@ -274,33 +276,6 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
                                "iteration": opts.iteration, "reasons": reasons,
                                "outputs": [clip(c.text, 600) for c in result.completions]})
     return candidates, rejections, tally
-
-
-def _describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
-              opts: AdaptOptions) -> tuple[dict[str, str], dict[str, list], list[dict]]:
-    """(descriptions, menus, rejections) of the tasks to rewrite: each task as its env
-    describes it and, where edits are used, the env's menu of edits in the direction
-    (empty: nothing to propose, rejected later). A spec its env cannot read is rejected
-    with the reason, as rollout records a broken task instead of failing the batch."""
-    descriptions: dict[str, str] = {}
-    menus: dict[str, list] = {}
-    broken: list[dict] = []
-    matched: set = set()
-    for t, d in targets:
-        env = envs[t.task_id]
-        try:
-            descriptions[t.task_id] = env.describe(t)
-            if opts.rewrite in ("edits", "random") or (opts.rewrite == "auto" and
-                                           isinstance(env, OffersEdits)):
-                menus[t.task_id] = kept_edits(offered_edits(env, t.spec, d),
-                                              opts.exclude_edits, matched)
-        except Exception as e:  # whatever the env raises on a spec it cannot read
-            descriptions.pop(t.task_id, None)
-            broken.append({"task_id": t.task_id, "direction": d, "iteration": opts.iteration,
-                           "outputs": [], "reasons": [f"the {t.env} env cannot read this "
-                                                      f"task: {type(e).__name__}: {e}"]})
-    warn_unmatched(opts.exclude_edits, matched, len(menus))
-    return descriptions, menus, broken
 
 
 # -- the file driver: `rlany adapt-tasks` and the loop's adapt-tasks stage ---------------

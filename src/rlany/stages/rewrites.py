@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
-from rlany.envs import Environment
+from rlany.envs import Environment, OffersEdits, offered_edits
 from rlany.prompts import clip
 from rlany.records import Lineage, Task
 
@@ -163,3 +164,30 @@ def warn_unmatched(exclude: str | None, matched: set, menus: int) -> None:
 
         info(f"adapt-tasks: --exclude-edits {', '.join(map(repr, unmatched))} left out no "
              f"edit of {menus} task(s)' menus (an edit's description starts with its name)")
+
+
+def describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
+             opts: Any) -> tuple[dict[str, str], dict[str, list], list[dict]]:
+    """(descriptions, menus, rejections) of adapt-tasks' targets (`opts`: its AdaptOptions):
+    each task as its env describes it and, where edits are used, the env's menu of edits in
+    the direction (empty: nothing to propose, rejected later). A spec its env cannot read is
+    rejected with the reason, as rollout records a broken task instead of failing the batch."""
+    descriptions: dict[str, str] = {}
+    menus: dict[str, list] = {}
+    broken: list[dict] = []
+    matched: set = set()
+    for t, d in targets:
+        env = envs[t.task_id]
+        try:
+            descriptions[t.task_id] = env.describe(t)
+            if opts.rewrite in ("edits", "random") or (opts.rewrite == "auto"
+                                                       and isinstance(env, OffersEdits)):
+                menus[t.task_id] = kept_edits(offered_edits(env, t.spec, d),
+                                              opts.exclude_edits, matched)
+        except Exception as e:  # whatever the env raises on a spec it cannot read
+            descriptions.pop(t.task_id, None)
+            broken.append({"task_id": t.task_id, "direction": d, "iteration": opts.iteration,
+                           "outputs": [], "reasons": [f"the {t.env} env cannot read this "
+                                                      f"task: {type(e).__name__}: {e}"]})
+    warn_unmatched(opts.exclude_edits, matched, len(menus))
+    return descriptions, menus, broken
