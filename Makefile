@@ -13,7 +13,7 @@ export TOKENIZERS_PARALLELISM ?= false
 .PHONY: install install-gpu sandbox-tool browser-tool test test-slow demo bench bench-all bench-learning \
 	bench-judge-capacity bench-learning-judge bench-learning-ablation \
 	bench-learning-reduced bench-learning-upper bench-learning-miniwob bench-learning-miniwob-mixed bench-learning-demo \
-	bench-learning-warm bench-learning-reasoning bench-learning-adapt bench-learning-warm-keep bench-sweep \
+	bench-learning-warm bench-learning-reasoning bench-learning-adapt bench-learning-adapt-learn bench-learning-warm-keep bench-sweep \
 	bench-sweep-reasoning lint golden docs clean openenv-test-servers
 
 install: $(VENV)/.installed-cpu
@@ -199,6 +199,17 @@ bench-learning-adapt: install
 	    --set score.candidates=train --seeds 0 1 2
 	$(PY) research/learning.py $(ADAPT_SETS) --report-only --readme
 	$(PY) research/env_loop_why.py runs/learning-adapt-mid --seeds 0 1 2
+
+# The same two arms on learn.toml, where the base model's outcomes are already mixed (the
+# issue's last row): +adapt and policy-only, 12 iterations, evaluations after 6 and 12,
+# seeds interleaved; results research/results/learning-adapt-learn.*. Resumable.
+ADAPT_LEARN_SETS := --config examples/household/learn.toml --bench learning-adapt-learn \
+	--iterations 12 --set eval_every=6
+bench-learning-adapt-learn: install
+	for s in 0 1 2; do for arm in +adapt policy-only; do \
+	  $(PY) research/learning.py $(ADAPT_LEARN_SETS) --arms $$arm --seeds $$s || exit 1; \
+	done; done
+	$(PY) research/learning.py $(ADAPT_LEARN_SETS) --report-only --readme
 
 # Issue "The environment loop earns its place", item 6: RL that keeps a warm start on
 # mid.toml (warm starts lost ground at lr 3e-4 with the KL to the pre-update policy). Three
