@@ -9,7 +9,8 @@ record (made on another machine) are drawn too. Panels, each only where some arm
                             pooled over seeds, band: the pooled 95% Wilson interval
                             (the table's)
     arms_judge_rollouts.png the judge's balanced step accuracy on the rollouts it judged,
-                            per iteration; band: 95% t-interval over seeds (2+ seeds)
+                            per iteration; band: 95% t-interval over seeds (2+ seeds),
+                            cut at what the quantity can be (0 for a count, 1 for a share)
     arms_judge_heldout.png  the judge's balanced accuracy on fixed held-out labelled steps
                             (judge_heldout.py): the judge the run started from (base or
                             warm-started) and after each iteration; same band
@@ -26,6 +27,7 @@ record (made on another machine) are drawn too. Panels, each only where some arm
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from statistics import fmean
 
@@ -44,6 +46,9 @@ PANELS = {
 }
 ENV_LOOP = {"pool_difficulty": lambda e: next(iter((e.get("difficulty") or {}).values()), None),
             "adapted_share": lambda e: e.get("adapted_share")}
+# what a panel's quantity can be: a t band over 3 seeds runs past it (a count below 0)
+RANGE = {"judge_rollouts": (0.0, 1.0), "judge_heldout": (0.0, 1.0), "train_acc": (0.0, 1.0),
+         "adapted_share": (0.0, 1.0)}
 X_LABEL = {"success": "held-out evaluation",
            "judge_heldout": "iteration (-1: the judge the run started from)"}
 SUCCESS_TICKS = {-2: "base model", -1: "warm start"}
@@ -96,7 +101,8 @@ def arm_lines(by_arm: dict[str, list[dict]], panel: str) -> list[dict]:
             xs = sorted({x for d in data for x in d})
             at = [[d[x] for d in data if x in d] for x in xs]
             ys = [fmean(v) for v in at]
-            bands = [t_interval(v) for v in at]
+            lo, hi = RANGE.get(panel, (0.0, math.inf))  # the others are counts or lengths
+            bands = [b and [max(b[0], lo), min(b[1], hi)] for b in map(t_interval, at)]
         if not xs or (panel == "accepted_tasks" and not any(ys)):
             continue
         seeds = sum(1 for d in data if d)  # the seeds with data in this panel

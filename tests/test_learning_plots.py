@@ -43,6 +43,19 @@ def test_per_iteration_panels_take_the_mean_and_a_t_band_only_with_two_seeds():
     assert one["band"] == [None] and one["label"] == "full (1 seed)"
 
 
+def test_a_t_band_stays_within_what_its_quantity_can_be():
+    """A t band over 3 seeds of counts (accepted tasks 0, 0, 6) runs below 0; of a share
+    (success on the pool's rollouts) past 1: each is cut at its quantity's range."""
+    runs = [_run(40, accepted=[0, a, 0]) for a in (0, 0, 6)]
+    for r, acc in zip(runs, (0.1, 0.9, 1.0)):
+        r["train_acc"] = [acc, 1.0, 0.5]
+    (count,) = arm_lines({"+adapt": runs}, "accepted_tasks")
+    assert count["band"][1][0] == 0.0 and count["band"][1][1] > 6  # cut below, not above
+    (share,) = arm_lines({"+adapt": runs}, "train_acc")
+    assert share["band"][0][0] < 0.1 and share["band"][0][1] == 1.0
+    assert share["band"][1] == [1.0, 1.0]  # no spread: the interval is the value
+
+
 def test_held_out_judges_start_from_the_judge_the_run_started_from():
     warm = _run(40, judges={"base": 0.5, "warm": 0.83, "iter_002": 0.78})
     plain = _run(40, judges={"base": 0.5, "iter_001": 0.63, "iter_002": 0.58})
