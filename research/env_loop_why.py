@@ -41,12 +41,18 @@ def edits(run: Path) -> dict:
              for c in read_rows(f)}
     accepted, rejected, kinds = (collections.Counter() for _ in range(3))
     by_kind: dict[str, list[int]] = {}  # "KIND: EDIT" -> [accepted, decided]
+    overwritten = 0
     for f in sorted(run.glob("iter_*/decisions.jsonl")):
-        for d in read_rows(f):
-            if d.get("kind", "decision") != "decision":  # a rewrite the stage rejected
-                continue
+        rows = [d for d in read_rows(f) if d.get("kind", "decision") == "decision"]
+        # the candidate the pool took per parent: before a parent took one candidate an
+        # iteration (adapt_tasks.decide), a later accepted one overwrote an earlier
+        took = {d.get("parent_id"): d["task_id"] for d in rows if d["accepted"]}
+        for d in rows:
             c = cands.get(d["task_id"], {})
             name = edit_name(c.get("candidate", {}).get("edit") or "?")
+            if d["accepted"] and took[d.get("parent_id")] != d["task_id"]:
+                overwritten += 1
+                d = {**d, "accepted": False}
             (accepted if d["accepted"] else rejected)[name] += 1
             if d["accepted"] and c:
                 kinds[c["spec"]["goal"]["kind"]] += 1
@@ -55,7 +61,8 @@ def edits(run: Path) -> dict:
                 n[0], n[1] = n[0] + bool(d["accepted"]), n[1] + 1
     return {"accepted": dict(accepted.most_common()), "rejected": dict(rejected.most_common()),
             "accepted_goal_kinds": dict(kinds.most_common()),
-            "kind_kept_accepted_of_decided": dict(sorted(by_kind.items()))}
+            "kind_kept_accepted_of_decided": dict(sorted(by_kind.items())),
+            "accepted_then_overwritten": overwritten}
 
 
 def took_goal_object(traj: dict, obj: str) -> bool:

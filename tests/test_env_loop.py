@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from conftest import read_jsonl, write_jsonl
+from conftest import one_line, read_jsonl, run_cli, write_jsonl
 from rlany.engines.fake import FakeEngine
 from rlany.envs import make_env
 from rlany.envs.household import make_tasks
@@ -34,19 +34,25 @@ def _policy(env, spec: dict, rng: random.Random, n: int = 8) -> int:
         "plan_length"] <= 2 else 0
 
 
-def _adapt(descend: int, iterations: int = 8) -> tuple[list, list, list]:
+def _adapt(descend: int, iterations: int = 8, engine=None,
+           every: list | None = None) -> tuple[list, list, list]:
     """`adapt-tasks` as the loop runs it, on a pool whose plans (4+ actions) the stand-in
-    policy never solves; returns (pool, last decisions, last candidates)."""
+    policy never solves; returns (pool, last decisions, last candidates); `every` collects
+    each iteration's decisions. Each accepted decision replaces one pool task."""
     env = make_env("household")
     pool = make_tasks(2, seed=5, rooms=1, receptacles=3, distractors=1, closed=1.0,
                       kinds="pick_and_place")
     assert all(env.difficulty(t.spec)["plan_length"] >= 4 for t in pool)
     rng, pending, decisions = random.Random(0), [], []
-    engine = FakeEngine(lambda request, k: "1")  # the model's pick: the first (gentlest) edit
+    # the model's pick: the first (gentlest) edit
+    engine = engine or FakeEngine(lambda request, k: "1")
     for it in range(iterations):
         stats = {t.task_id: _stats(t.task_id, _policy(env, t.spec, rng)) for t in pool + pending}
         opts = AdaptOptions(iteration=it, samples=1, descend=descend)
-        pool, decisions = decide(pool, pending, stats, opts)
+        before, (pool, decisions) = pool, decide(pool, pending, stats, opts)
+        assert sum(d["accepted"] for d in decisions) == sum(
+            a is not b for a, b in zip(before, pool))
+        (every if every is not None else []).extend(decisions)
         for d in decisions:  # nothing unsolved or not easier is ever accepted
             assert not d["accepted"] or 0 < d["acc"] < 0.8 and d["acc"] > d["parent_acc"]
         stones = stepping_stones(pending, decisions, pool, descend)
@@ -68,12 +74,48 @@ def test_adaptation_from_an_unsolvable_pool_reaches_a_solvable_task():
     pool, decisions, pending = _adapt(descend=4)
     solved = [t for t in pool if env.difficulty(t.spec)["plan_length"] <= 2]
     assert solved, [env.difficulty(t.spec) for t in pool]
-    for t in solved:  # each got there by accepted easier rewrites, recorded in its lineage
+    for t in solved:  # each got there by easier edits (a stone's counted), recorded
         assert t.lineage.direction == "easier" and t.lineage.version >= 2
         assert t.lineage.accepted_iter is not None and "candidate" not in t.extra
     counts = env_loop_counts(pool, decisions, pending, make_env)
     assert counts["adapted_share"] > 0 and counts["lineage_depth_max"] >= 2
     assert counts["difficulty"]["plan_length"] < 4
+
+
+def test_a_parent_takes_one_candidate_an_iteration():
+    """With stepping stones a parent has several candidates at once (its own rewrite and its
+    stones'); a random pick makes them differ, so two can pass in one iteration: the first
+    is accepted, the next rejected as "parent replaced" (each accepted decision replaces
+    one pool task: `_adapt` checks it), and counted as such."""
+    every: list = []
+    _adapt(descend=4, engine=RandomEdits(1, 0), every=every)
+    replaced = [d for d in every if d["reason"].startswith("parent replaced by ")]
+    assert replaced and all(not d["accepted"] and d["acc"] > 0 for d in replaced)
+    won = {(d["iteration"], d["parent_id"]): d["task_id"] for d in every if d["accepted"]}
+    assert all(d["reason"].startswith(f"parent replaced by {won[d['iteration'], d['parent_id']]}")
+               for d in replaced)
+    counts = env_loop_counts([], replaced, [], make_env)
+    assert counts["rejected_by_reason"] == {"parent_replaced": len(replaced)}
+
+
+def test_a_candidate_without_a_parent_or_direction_is_refused_by_line(tmp_path):
+    """A hand-made candidates file whose lineage has no parent or an unknown direction
+    would be judged by the wrong rule: refused, `file:line: ...`, exit 1, nothing written."""
+    from rlany.records import to_json
+
+    pool = make_tasks(2, seed=2)
+    write_jsonl(tmp_path / "pool.jsonl", pool)
+    cand = to_json(pool[1])
+    cand["lineage"] = {"root_id": pool[0].task_id, "parent_id": pool[0].task_id,
+                       "version": 1, "direction": "Harder"}
+    write_jsonl(tmp_path / "pending.jsonl", [cand])
+    write_jsonl(tmp_path / "stats.jsonl", [])
+    r = run_cli("adapt-tasks", "-i", "pool.jsonl", "--stats", "stats.jsonl", "--pending",
+                "pending.jsonl", "-o", "next.jsonl", "--candidates", "cands.jsonl",
+                cwd=tmp_path)
+    line = one_line(r, 1)
+    assert line.startswith("error: pending.jsonl:1: a candidate needs lineage.parent_id"), line
+    assert not (tmp_path / "next.jsonl").exists() and not (tmp_path / "cands.jsonl").exists()
 
 
 def _traj(k: int, outcome: int, labels: list[int], task_id: str = "a") -> Trajectory:
@@ -161,6 +203,22 @@ def test_an_exclusion_with_free_rewrites_is_refused():
     with pytest.raises(RlanyError, match=r"\[adapt_tasks\] exclude_edits leaves"):
         validate(AdaptOptions(rewrite="free", exclude_edits="goal kind"), "[adapt_tasks]")
     validate(AdaptOptions(rewrite="edits", exclude_edits="goal kind"))  # a menu: fine
+
+
+def test_random_rewrites_read_no_summary_and_auto_reads_what_a_task_has():
+    """--rewrite random with --summary model would let the model pick the edits (the control
+    gone): refused. --critic auto takes the judge's critiques where they say more than
+    verdicts, else the env's account, and a task with only verdicts keeps them."""
+    from rlany.errors import RlanyError
+    from rlany.options import validate
+    from rlany.stages.critiques import either
+
+    with pytest.raises(RlanyError, match="--rewrite random is the control"):
+        validate(AdaptOptions(rewrite="random", summary="model"))
+    judged = {"a": "- the agent never opened it", "b": "- \\boxed{-1}", "c": "- \\boxed{1}"}
+    accounts = {"a": "env a", "b": "env b", "d": "env d"}
+    assert either(judged, accounts, ["a", "b", "c", "d", "e"]) == {
+        "a": judged["a"], "b": "env b", "c": judged["c"], "d": "env d"}
 
 
 def _menu_request(n: int):

@@ -52,9 +52,28 @@ def test_accepted_edits_and_the_originals_progress(tmp_path):
     run = result["runs"]["adapt-s0"]
     assert run["edits"] == {"accepted": {"goal kind": 1}, "rejected": {"remove": 1},
                             "accepted_goal_kinds": {"pick": 1},
-                            "kind_kept_accepted_of_decided": {"pick_and_place: remove": [0, 1]}}
+                            "kind_kept_accepted_of_decided": {"pick_and_place: remove": [0, 1]},
+                            "accepted_then_overwritten": 0}
     # the rewritten task's episode is not an original's; a failed take and another
     # object's are no progress
     assert run["originals"] == [{"iteration": 0, "episodes": 3, "took": 1, "succeeded": 0}]
     assert run["took_share_last_1"] == round(1 / 3, 3) and run["iterations"] == 1
     assert run["planned_iterations"] == 3  # unfinished: 1 of 3 (the metrics' lines)
+
+
+def test_a_parent_overwritten_in_one_iteration_counts_the_task_the_pool_took(tmp_path):
+    """Runs made before a parent took one candidate an iteration hold two accepted decisions
+    for one parent; the pool took the last: the earlier is counted as not accepted."""
+    it = tmp_path / "adapt-s0" / "iter_000"
+    _write(it.parent / "metrics.jsonl", [{"iteration": 0}])
+    _write(it / "rollout_tasks.jsonl", [])
+    _write(it / "trajectories.jsonl", [])
+    _write(it / "candidates.jsonl", [
+        {"task_id": f"t1.v{v}.i0", "spec": {"goal": {"kind": "pick_and_place"}},
+         "candidate": {"edit": edit}} for v, edit in ((1, "remove table 1"),
+                                                      (2, "step limit: 8 -> 10"))])
+    _write(it / "decisions.jsonl", [{"kind": "decision", "task_id": f"t1.v{v}.i0",
+                                     "parent_id": "t1", "accepted": True} for v in (1, 2)])
+    edits = summary(tmp_path, late=1)["runs"]["adapt-s0"]["edits"]
+    assert edits["accepted"] == {"step limit": 1} and edits["rejected"] == {"remove": 1}
+    assert edits["accepted_then_overwritten"] == 1

@@ -9,7 +9,8 @@ from statistics import fmean
 
 # a decision's reason, by its first words (`adapt_tasks.acceptance`, `decide`)
 REASONS = {"acc(q') = 0": "unsolved", "not easier": "not_easier", "not harder": "not_harder",
-           "parent not in pool": "parent_gone", "candidate not rolled out": "not_rolled_out"}
+           "parent not in pool": "parent_gone", "candidate not rolled out": "not_rolled_out",
+           "parent replaced": "parent_replaced"}
 
 
 def reason_key(reason: str) -> str:

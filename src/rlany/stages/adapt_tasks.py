@@ -113,6 +113,9 @@ class AdaptOptions(EngineFields):
                        "model condenses those into three sentences).", choices=SUMMARIES)
 
     def check(self, name) -> None:
+        if self.rewrite == "random" and self.summary == "model":  # the model would pick
+            raise RlanyError(f"{name('rewrite')} random is the control of the model's "
+                             f"choice: it reads no summary ({name('summary')} extract)")
         if self.alpha_low >= self.alpha_high:
             raise RlanyError(f"need {name('alpha_low')} < {name('alpha_high')}, got "
                              f"{self.alpha_low} >= {self.alpha_high}")
@@ -156,8 +159,13 @@ def acceptance(direction: str, parent_acc: float, child_acc: float,
 
 
 def check_candidate(task: Task) -> None:
-    """A pending candidate's `candidate` metadata, as `decide` reads it: an object whose
-    `parent_acc`, when present, is a finite number (`read_tasks` names the line)."""
+    """A pending candidate as `decide` reads it (`read_tasks` names the line): a lineage with
+    a parent and a direction, and `candidate` metadata whose `parent_acc`, when present, is
+    a finite number."""
+    if task.lineage is None or not task.lineage.parent_id or \
+            task.lineage.direction not in ("easier", "harder"):
+        raise RlanyError("a candidate needs lineage.parent_id and lineage.direction "
+                         "'easier' or 'harder'")
     info = task.extra.get("candidate", {})
     if not isinstance(info, dict):
         raise RlanyError("field 'candidate' must be an object")
@@ -172,10 +180,13 @@ def check_candidate(task: Task) -> None:
 
 def decide(pool: list[Task], pending: list[Task], stats: dict[str, TaskStats],
            opts: AdaptOptions) -> tuple[list[Task], list[dict]]:
-    """Accept or reject rolled-out candidates; return the next pool and the decisions."""
+    """Accept or reject rolled-out candidates; return the next pool and the decisions. A
+    parent takes at most one candidate an iteration (with `--descend` it can have several):
+    the first that passes, in the candidates' order; a later one that passes too is
+    rejected as "parent replaced"."""
     index = {t.task_id: k for k, t in enumerate(pool)}
     new_pool = list(pool)
-    decisions = []
+    decisions, replaced = [], {}
     for cand in pending:
         info = cand.extra.get("candidate", {})
         parent_id = cand.lineage.parent_id if cand.lineage else None
@@ -192,9 +203,12 @@ def decide(pool: list[Task], pending: list[Task], stats: dict[str, TaskStats],
                       else float(info.get("parent_acc", 0.0)))
         child_acc = stats[cand.task_id].acc
         ok, reason = acceptance(record["direction"], parent_acc, child_acc, opts)
+        if ok and parent_id in replaced:
+            ok, reason = False, f"parent replaced by {replaced[parent_id]} ({reason})"
         decisions.append({**record, "accepted": ok, "reason": reason,
                           "parent_acc": parent_acc, "acc": child_acc})
         if ok:
+            replaced[parent_id] = cand.task_id
             extra = {k: v for k, v in cand.extra.items() if k != "candidate"}
             new_pool[index[parent_id]] = replace(
                 cand, extra=extra, lineage=replace(cand.lineage, accepted_iter=opts.iteration))
@@ -265,7 +279,7 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
             best = (100.0 * (flat in seen) if menu is not None else
                     max((fuzz.ratio(flat, s) for s in seen), default=0.0))
             if best >= opts.dup_threshold:
-                reasons.append(f"near-duplicate of a pool task (similarity {best:.0f})")
+                reasons.append(f"near-duplicate of a pool task or candidate ({best:.0f})")
                 continue
             found = spec
             candidates.append(candidate_task(task, spec, direction, stats[task.task_id].acc,
@@ -345,7 +359,7 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     targets = {t.task_id for t in new_pool + stones
                if t.task_id in stats and direction_for(stats[t.task_id].acc, opts)}
     critiques = read_critiques(paths, targets, opts)
-    if opts.rewrite == "random" and opts.summary == "extract":
+    if opts.rewrite == "random":
         engine = RandomEdits(opts.seed, opts.iteration)  # no model: the control
     engine = engine or (start_engine(opts) if targets else None)
     candidates, rejections, tally = (

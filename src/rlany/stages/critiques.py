@@ -81,7 +81,7 @@ def read_critiques(paths: dict, targets: set[str], opts) -> dict[str, str]:
     """task id -> what the rewriter reads (`adapt-tasks --critic`): the judge's critique
     summary, the env's account of the episodes (`env_account`), or (auto) the judge's where
     it says more than verdicts, else the env's."""
-    from rlany.stages.env_account import collect_accounts, verdict_only
+    from rlany.stages.env_account import collect_accounts
 
     judged = (collect_critiques(paths["--judgments"], targets, opts.critiques, opts.judgments)
               if opts.judgments and opts.critic != "env" else {})
@@ -91,7 +91,13 @@ def read_critiques(paths: dict, targets: set[str], opts) -> dict[str, str]:
               if opts.judgments else {})
     accounts = collect_accounts(paths["--trajectories"], targets, opts.critiques,
                                 opts.trajectories, marked)
-    if opts.critic == "env":
-        return accounts
-    return {t: judged[t] if t in judged and not verdict_only(judged[t]) else accounts[t]
-            for t in targets if t in judged or t in accounts}
+    return accounts if opts.critic == "env" else either(judged, accounts, targets)
+
+
+def either(judged: dict[str, str], accounts: dict[str, str], targets) -> dict[str, str]:
+    """`--critic auto`: per task, the judge's critiques where it wrote more than verdicts,
+    else the env's account of its episodes; whichever a task has where it has one."""
+    from rlany.stages.env_account import verdict_only
+
+    return {t: accounts[t] if t in accounts and (t not in judged or verdict_only(judged[t]))
+            else judged[t] for t in targets if t in judged or t in accounts}

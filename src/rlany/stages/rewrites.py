@@ -130,7 +130,8 @@ def reparent(cand: Task, stones: list[Task]) -> Task:
     if stone is None:
         return cand
     was = stone.extra["candidate"]
-    info = {**cand.extra["candidate"], "parent_acc": was.get("parent_acc", 0.0),
+    # the parent's accuracy when the stone was decided: 0 (`stepping_stones`' rule)
+    info = {**cand.extra["candidate"], "parent_acc": 0.0,
             "via": stone.task_id, "hops": was.get("hops", 0) + 1}
     return replace(cand, lineage=replace(cand.lineage, parent_id=stone.lineage.parent_id),
                    extra={**cand.extra, "candidate": info})
