@@ -140,6 +140,11 @@ def test_env_account_says_how_episodes_failed():
     # steps a judge scored -1 are marked too, where the env labels nothing
     unlabelled = _traj(3, -1, [0, 0])
     assert "go to shelf 0 [off-plan]" in task_account([unlabelled], 1, {"t3": {0}})
+    from dataclasses import replace
+
+    broken = replace(_traj(4, -1, [1]), finish="error")  # the env's fault: out of the count
+    assert task_account([_traj(0, 1, [1]), broken], limit=1).splitlines()[0] == \
+        "- the policy succeeded in 1 of 1 episodes (1 more ended in an env error)"
     assert verdict_only("- \\boxed{1}\n- \\boxed{-1}") and verdict_only("(no critiques)")
     assert not verdict_only("- the agent never opened the drawer")
 

@@ -15,6 +15,7 @@ from rlany.errors import RlanyError
 
 class Stub(BaseHTTPRequestHandler):
     fail_first = 0
+    finish = "stop"  # what each chat choice's finish_reason says
     already = False  # /load_lora_adapter answers as vLLM does for a name another loaded
     seen: list = []
     echo_logprobs: list = []  # what /completions echoes for the prompt's tokens
@@ -47,7 +48,7 @@ class Stub(BaseHTTPRequestHandler):
             n = body["n"]
             out = json.dumps({"choices": [
                 {"index": k, "message": {"content": f"{body['model']} says {k}"},
-                 "finish_reason": "stop",
+                 "finish_reason": Stub.finish,
                  "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.0}]}}
                 for k in range(n)], "usage": {"prompt_tokens": 7, "completion_tokens": 2 * n}}
             ).encode()
@@ -62,7 +63,7 @@ def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    Stub.seen, Stub.fail_first, Stub.already = [], 0, False
+    Stub.seen, Stub.fail_first, Stub.already, Stub.finish = [], 0, False, "stop"
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
 
@@ -84,6 +85,19 @@ def test_samples_logprobs_retries_and_adapters(server, tmp_path):
     loads = [b for p, b in Stub.seen if p.endswith("/load_lora_adapter")]
     assert len(loads) == 1 and loads[0]["lora_path"] == str(adapter)   # hot-loaded once
     assert res[0].completions[0].text.startswith(loads[0]["lora_name"])
+
+
+def test_a_choice_the_server_aborted_is_an_error_not_an_answer(server):
+    """vLLM ends an aborted request's choice with finish_reason "abort" (and a filter with
+    "content_filter"): read as a normal answer it would be scored and trained on."""
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    hi = [Request([{"role": "user", "content": "hi"}], Sampling(n=1))]
+    Stub.finish = "length"
+    assert eng.generate(hi)[0].completions[0].finish_reason == "length"
+    Stub.finish = "abort"
+    with pytest.raises(RlanyError, match='ended choice 0 with finish_reason "abort"'):
+        eng.generate(hi)
 
 
 def test_unreachable_server_is_one_clear_error():

@@ -227,6 +227,34 @@ def test_a_shard_resumed_with_errors_joins_to_a_success_rate_within_the_shards()
     assert joined["errored"] == 4 and joined["trajectories"] == 16
 
 
+def test_shards_of_different_runs_are_not_joined(tmp_path):
+    """A plan's rollout shards 0-1 made before the config changed and 2-3 after: each has
+    its sidecar and `cat` joins them to the right size, yet they are not one run's. The
+    loop refuses the join in one line naming a shard; shards that agree are adopted."""
+    from rlany.errors import RlanyError
+    from rlany.stages.loop_shards import adopt, shard_paths
+
+    out = tmp_path / "trajectories.jsonl"
+    parts = shard_paths(out, 4)
+    parts[0].parent.mkdir()
+    for i, p in enumerate(parts):
+        p.write_text(f'{{"traj_id": "t{i}"}}\n')
+        flags = {"shard": f"{i}/4", "output": str(p), "n": 4, "temperature": 1.0,
+                 "base_url": f"http://h{i}:8000/v1"}
+        meta = {"stage": "rollout", "flags": flags, "counts": {"trajectories": 1},
+                "inputs": [{"path": "tasks.jsonl", "sha256": "ab"}]}
+        p.with_name(p.name[:-len(".jsonl")] + ".meta.json").write_text(json.dumps(meta))
+    out.write_text("".join(p.read_text() for p in parts))
+    assert adopt(str(out), write=False)  # their own shard, output and endpoint differ
+    late = parts[2].with_name(parts[2].name[:-len(".jsonl")] + ".meta.json")
+    meta = json.loads(late.read_text())
+    late.write_text(json.dumps({**meta, "flags": {**meta["flags"], "temperature": 0.7}}))
+    with pytest.raises(RlanyError, match="a shard made with other temperature than "
+                                         "trajectories.0-of-4.jsonl: shards of different runs"):
+        adopt(str(out), write=True)
+    assert not out.with_name("trajectories.meta.json").exists()
+
+
 def test_a_plans_base_evaluation_is_recorded_for_sharing_once_confirmed(tmp_path,
                                                                        tiny_model,
                                                                        monkeypatch):

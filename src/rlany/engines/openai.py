@@ -203,10 +203,13 @@ class OpenAIEngine:
                 ids = [0] * count
             else:
                 self._ids_seen = True
-            stop = choice.get("stop_reason")
+            stop, finish = choice.get("stop_reason"), choice.get("finish_reason")
+            if finish not in ("stop", "length", None):  # abort, error, content_filter, ...
+                raise RlanyError(f"the server ended choice {k} with finish_reason "
+                                 f"{json.dumps(finish)[:40]}, not an answer", where=where,
+                                 hint="its log says why (an abort: a restart or overload)")
             completions.append(Completion(
-                text=text, token_ids=ids,
-                finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+                text=text, token_ids=ids, finish_reason=finish or "stop",
                 logprobs=[c["logprob"] for c in content] if want_logprobs else None,
                 stop_reason=stop if isinstance(stop, str) else None))
         prompt = out.get("prompt_token_ids")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from rlany.prompts import clip
 from rlany.records import Trajectory
+from rlany.stages.episode_errors import errored
 
 NONE = "(no critiques)"
 MAX_ACTIONS = 10  # per episode account: the last ones when an episode ran longer
@@ -54,7 +55,9 @@ def task_account(trajs: list[Trajectory], limit: int,
         text = episode_account(t, marked.get(t.traj_id))
         if all(fuzz.ratio(text, c) < 90 for c in chosen):
             chosen.append(text)
-    head = f"- the policy succeeded in {wins} of {len(trajs)} episodes"
+    broken = sum(map(errored, trajs))  # not the policy's doing: out of the count, said
+    head = (f"- the policy succeeded in {wins} of {len(trajs) - broken} episodes"
+            + (f" ({broken} more ended in an env error)" if broken else ""))
     return "\n".join([head, *(f"- {clip(c, 500)}" for c in chosen)])
 
 

@@ -43,6 +43,7 @@ from rlany.records import (
     responses_digest,
 )
 from rlany.shards import shard_opt
+from rlany.stages.episode_errors import errored
 from rlany.stages.expert import check_labels, label_verdicts
 from rlany.stages.resume import replayed
 from rlany.stages.unit_tests import unit_test_batch, unit_test_counts
@@ -193,8 +194,9 @@ def unused(group: list[Trajectory], select: str) -> str | None:
         return None
     if any(t.extra.get("candidate") for t in group):
         return "candidate task, not accepted yet"
-    if len({t.outcome for t in group}) == 1:
-        return "uniform outcome"
+    outcomes = {t.outcome for t in group if not errored(t)}  # as score reads the group
+    if len(outcomes) <= 1:
+        return "uniform outcome" if outcomes else "no episode ran"
     return None
 
 

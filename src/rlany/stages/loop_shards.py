@@ -45,10 +45,36 @@ def adopt(output: str, write: bool) -> bool:
         return False
     if out.stat().st_size != sum(p.stat().st_size for p in parts):
         return False
+    one_run(parts)
     if write:
         meta = joined_meta(output, parts)
         write_text_atomic(meta_path(out), json.dumps(meta, indent=2) + "\n")
     return True
+
+
+def one_run(parts: list[Path]) -> None:
+    """Shards joined by `cat` are one run's only if their sidecars agree on the inputs and
+    on every flag but a shard's own (and its endpoint): shards left from before a config
+    changed, beside shards made after, would otherwise join into one output silently."""
+    from rlany.errors import RlanyError
+    from rlany.shards import shard_flags
+
+    def run_of(p: Path) -> tuple[dict, list]:
+        meta = json.loads(meta_path(p).read_text(encoding="utf-8"))
+        flags = {k: v for k, v in shard_flags(meta.get("flags") or {}).items()
+                 if k != "base_url"}
+        return flags, sorted(str(i.get("sha256")) for i in meta.get("inputs") or [])
+
+    first = run_of(parts[0])
+    for p in parts[1:]:
+        flags, inputs = run_of(p)
+        keys = sorted(k for k in set(first[0]) | set(flags)
+                      if first[0].get(k) != flags.get(k))
+        if keys or inputs != first[1]:
+            what = f"other {', '.join(keys)}" if keys else "another input"
+            raise RlanyError(f"a shard made with {what} than {parts[0].name}: shards of "
+                             "different runs", where=str(p),
+                             hint=f"delete {p.parent} to run its stage's shards again")
 
 
 def joined_meta(output: str, parts: list[Path]) -> dict:

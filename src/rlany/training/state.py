@@ -5,9 +5,10 @@ saves its shard of weights and optimizer state), `get_state_dict` gathers the fi
 weights; rank-0-only `optimizer.state_dict()` and `save_pretrained` would miss the shards.
 
 Layout of `OUT.partial/`: `step-N/` (what `save_state` wrote after optimizer step N) and
-`state.json` (`{"step": N, "data_sha256": ...}`), written last and atomically, so a save
-killed midway leaves the previous state in force. The final checkpoint is written to
-`OUT.tmp/` and renamed to OUT, so a directory named OUT is always complete.
+`state.json` (`{"step": N, "data_sha256", "plan", "update"}`: what a resume must share),
+written last and atomically, so a save killed midway leaves the previous state in force.
+The final checkpoint is written to `OUT.tmp/` and renamed to OUT, so a directory named OUT
+is always complete.
 """
 
 from __future__ import annotations
@@ -42,9 +43,26 @@ def save_trainable_only(acc, model) -> None:
     acc.register_save_state_pre_hook(keep_trainable)
 
 
-def saved_step(partial: Path, meta: dict, plan: str | None = None) -> int:
-    """The optimizer step an interrupted run of the same data and the same plan (`plan`:
-    a hash of the samples and their order into steps) saved (0: none)."""
+# the flags that change an update (besides the data and the plan): a resumed run with
+# another --lr would go on from the old run's weights and optimizer under the new rate
+UPDATE_FLAGS = ("lr", "lr_schedule", "max_grad_norm", "weight_decay", "full", "lora_r",
+                "lora_alpha", "lora_dropout", "lora_layers", "target_modules", "dtype",
+                "clip_eps", "kl_beta", "kl_ref", "old_logprobs", "balance")
+
+
+def update_key(opts, meta: dict) -> dict:
+    """What an interrupted training must share with its resume beyond data and plan: the
+    base model, the adapter it started from, the objective and the update's flags."""
+    return {"model": meta.get("base_model"), "adapter": meta.get("init_adapter"),
+            "objective": meta.get("objective"),
+            **{k: getattr(opts, k) for k in UPDATE_FLAGS if hasattr(opts, k)}}
+
+
+def saved_step(partial: Path, meta: dict, plan: str | None = None,
+               update: dict | None = None) -> int:
+    """The optimizer step an interrupted run of the same data, the same plan (`plan`: a
+    hash of the samples and their order into steps) and the same `update_key` saved (0:
+    none)."""
     state_file = partial / "state.json"
     if not state_file.exists():
         return 0
@@ -52,6 +70,13 @@ def saved_step(partial: Path, meta: dict, plan: str | None = None) -> int:
     if state.get("data_sha256") != meta.get("data_sha256"):
         raise RlanyError("an interrupted training of other data is in the way",
                          where=str(partial), hint="delete it to start over")
+    was = state.get("update") if isinstance(state.get("update"), dict) else None
+    changed = [f"--{k.replace('_', '-')} {was.get(k)} -> {v}" for k, v in
+               (update or {}).items() if was is not None and k in was and was[k] != v]
+    if changed:  # older states recorded none
+        raise RlanyError(f"an interrupted training with other settings is in the way "
+                         f"({', '.join(changed)})", where=str(partial),
+                         hint="rerun with the same flags, or delete it to start over")
     if plan is not None and state.get("plan", plan) != plan:  # older states have none
         raise RlanyError("an interrupted training with other samples or batching is in the "
                          "way (flags such as --epochs, --micro-batch, --seed, --max-len or "
@@ -97,7 +122,8 @@ def plan_key(samples: list, steps: list[list[int]]) -> str:
     return h.hexdigest()
 
 
-def save_state(acc, partial: Path, step: int, meta: dict, plan: str | None = None) -> None:
+def save_state(acc, partial: Path, step: int, meta: dict, plan: str | None = None,
+               update: dict | None = None) -> None:
     """Every process saves its part into step-N/; then the main process points state.json
     at it (atomically), so a save killed midway leaves the previous one in force."""
     acc.save_state(str(partial / f"step-{step}"))
@@ -105,7 +131,7 @@ def save_state(acc, partial: Path, step: int, meta: dict, plan: str | None = Non
     if acc.is_main_process:
         tmp = partial / "state.json.tmp"
         tmp.write_text(json.dumps({"step": step, "data_sha256": meta.get("data_sha256"),
-                                   "plan": plan}))
+                                   "plan": plan, "update": update}))
         os.replace(tmp, partial / "state.json")
         for old in partial.glob("step-*"):
             if old.name != f"step-{step}":

@@ -160,8 +160,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
     forward, share = _forward_pass(acc, model, opts, meta, obj, pad)
 
     partial = output.with_name(output.name + ".partial")
-    plan = state.plan_key(samples, steps)
-    start_step = state.saved_step(partial, meta, plan)
+    plan, update = state.plan_key(samples, steps), state.update_key(opts, meta)
+    start_step = state.saved_step(partial, meta, plan, update)
     # before the saved weights load: a resumed run's old policy is the initial one
     old = old_policy(source, forward, model, samples, steps, acc, opts.micro_batch,
                      first_step_later=start_step == 0)
@@ -195,7 +195,7 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
                 log(record)
             summary.update({k: record[k] for k in ("loss", "kl", "clip_frac", "grad_norm")})
             if (step + 1) % opts.save_every == 0 and step + 1 < len(steps):
-                state.save_state(acc, partial, step + 1, meta, plan)
+                state.save_state(acc, partial, step + 1, meta, plan, update)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["shared_prefix"] = share
     if acc.device.type == "cuda":  # since this training began, model and optimizer included
