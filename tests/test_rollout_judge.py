@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
 
-from conftest import make_traj, read_jsonl, write_jsonl
+from conftest import make_traj, one_line, read_jsonl, write_jsonl
 from rlany import envs
 from rlany.engines import Sampling
 from rlany.engines.fake import FakeEngine
@@ -251,21 +252,39 @@ def test_cli_rollout_judge_score_with_fake_engine(tmp_path, cli):
 
 
 def test_cli_rollout_resumes_after_partial_output(tmp_path, cli):
+    """Killed after two complete tasks and half of the third (the hook holds it after the
+    second group; the torn third is appended): the rerun plays only what is missing. An
+    index with no header (from before headers: no record of its flags) is not resumed."""
+    import subprocess
+    import sys
+    import time
+
     tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(5, seed=2))
     pol = tmp_path / "policy.json"
     pol.write_text(json.dumps(["\\boxed{3}", "\\boxed{4}"]))
     args = ["--engine", "fake", "--model", str(pol), "--n", "2", "--batch-tasks", "1"]
     full = tmp_path / "full.jsonl"
     assert cli("rollout", "-i", str(tasks), "-o", str(full), *args).returncode == 0
-    # simulate a kill after two complete tasks and half of the third
-    out = tmp_path / "out.jsonl"
+    out, marker = tmp_path / "out.jsonl", tmp_path / "held"
+    run = subprocess.Popen([sys.executable, "-m", "rlany", "rollout", "-i", str(tasks), "-o",
+                            str(out), *args], stderr=subprocess.DEVNULL,
+                           env={**os.environ, "RLANY_TEST_PAUSE": f"group:2:{marker}"})
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.1)
+    run.kill()
+    run.wait()
+    assert marker.exists()
     lines = full.read_text().splitlines(keepends=True)
-    partial = tmp_path / "out.jsonl.partial"
-    partial.write_text("".join(lines[:5]) + lines[5][:20])
-    ends = [len("".join(lines[:4])), len("".join(lines[:4]))]
-    idx = [{"key": "arith-2-0000", "end": len("".join(lines[:2])), "records": 2},
-           {"key": "arith-2-0001", "end": ends[0], "records": 2}]
-    (tmp_path / "out.jsonl.partial.idx").write_text("".join(json.dumps(i) + "\n" for i in idx))
+    partial, index = tmp_path / "out.jsonl.partial", tmp_path / "out.jsonl.partial.idx"
+    assert partial.read_text() == "".join(lines[:4])
+    with partial.open("a") as f:
+        f.write(lines[4][:20])  # half of the third task's first trajectory
+    header, *groups = index.read_text().splitlines(keepends=True)
+    index.write_text("".join(groups))  # as an index from before headers
+    line = one_line(cli("rollout", "-i", str(tasks), "-o", str(out), *args), 1)
+    assert "other flags or input" in line and partial.exists()
+    index.write_text(header + "".join(groups))
     r = cli("rollout", "-i", str(tasks), "-o", str(out), *args)
     assert r.returncode == 0, r.stderr
     assert "resuming, 2 of 5" in r.stderr

@@ -249,15 +249,14 @@ class ResumableJsonl:
         if self.index.exists() and self.partial.exists():
             lines = self.index.read_text(encoding="utf-8").splitlines()
             first = _loads_or_none(lines[0]) if lines else None
-            if not isinstance(first, dict) or "header" not in first:
-                first = None  # an index from before headers: nothing to compare
-            elif first != self.header:
+            # an index from before headers says nothing of its flags or input: not resumed
+            if lines and (not isinstance(first, dict) or first != self.header):
                 raise RlanyError(
                     "a partial output from a run with other flags or input is here; rerun "
                     f"with the same ones to resume, or delete {self.partial.name} and "
                     f"{self.index.name} to start over", where=str(self.partial))
             good: list[str] = [head]
-            for line in lines[1:] if first else lines:
+            for line in lines[1:]:
                 entry = _loads_or_none(line)
                 if not isinstance(entry, dict) or "key" not in entry:
                     break  # a torn index line: everything before it is still good
@@ -270,7 +269,7 @@ class ResumableJsonl:
                 raise RlanyError("partial output is shorter than its index; delete "
                                  f"{self.partial} and {self.index} to start over",
                                  where=str(self.partial))
-            self.index.write_text("".join(g + "\n" for g in good), encoding="utf-8")
+            write_text_atomic(self.index, "".join(g + "\n" for g in good))
         else:
             self.index.unlink(missing_ok=True)
             self.partial.unlink(missing_ok=True)
