@@ -61,8 +61,9 @@ def versus_prime_rl(anchor_runs: dict) -> dict:
     peak memory with recompute over prime-rl's published row (full: the 4k-response and the
     LM-head-everywhere shape; LoRA: 4k), and what --grad-checkpointing costs at 15.9k."""
     run = anchor_runs.__getitem__
+    specs = ("full:12000:4000:gc", "full:100:15900:gc", "lora:12000:4000:gc")
     speed = {spec: run(spec)["tokens_per_s_median"]
-             / PRIME_RL[spec.split(":")[0]]["tokens_per_s"] for spec in ("full:12000:4000:gc", "full:100:15900:gc", "lora:12000:4000:gc")}
+             / PRIME_RL[spec.split(":")[0]]["tokens_per_s"] for spec in specs}
     memory = {spec: run(spec)["peak_gpu_memory_gib"] / PRIME_RL[spec.split(":")[0]]["peak_gib"]
               for spec in speed}
     kept, gc = run("full:100:15900"), run("full:100:15900:gc")
