@@ -175,13 +175,19 @@ def _same_run(first: tuple[str, dict], other: tuple[str, dict]) -> None:
         raise RlanyError(f"a shard of another input (sha256 {str(sha[1])[:12]}) than the one "
                          f"at {w0} ({str(sha[0])[:12]})", where=w1)
     fa, fb = sa.get("flags") or {}, sb.get("flags") or {}
-    for key in sorted(set(fa) | set(fb)):
-        if key not in SHARD_KEYS and fa.get(key) != fb.get(key):
-            raise RlanyError(f"a shard made with {key} = {json.dumps(fb.get(key))}, the one "
-                             f"at {w0} with {json.dumps(fa.get(key))}: shards of different "
-                             "runs", where=w1)
+    for key in differing_flags(fa, fb)[:1]:
+        raise RlanyError(f"a shard made with {key} = {json.dumps(fb.get(key))}, the one "
+                         f"at {w0} with {json.dumps(fa.get(key))}: shards of different "
+                         "runs", where=w1)
 
 
 def shard_flags(flags: dict) -> dict:
     """A sidecar's flags without the ones each shard has its own of."""
     return {k: v for k, v in flags.items() if k not in SHARD_KEYS}
+
+
+def differing_flags(a: dict, b: dict, also: tuple[str, ...] = ()) -> list[str]:
+    """The flags two shards of one run would share that they do not (sorted): all but each
+    shard's own (`SHARD_KEYS`) and `also`."""
+    fa, fb = shard_flags(a), shard_flags(b)
+    return sorted(k for k in set(fa) | set(fb) if k not in also and fa.get(k) != fb.get(k))

@@ -57,19 +57,17 @@ def one_run(parts: list[Path]) -> None:
     on every flag but a shard's own (and its endpoint): shards left from before a config
     changed, beside shards made after, would otherwise join into one output silently."""
     from rlany.errors import RlanyError
-    from rlany.shards import shard_flags
+    from rlany.shards import differing_flags
 
     def run_of(p: Path) -> tuple[dict, list]:
         meta = json.loads(meta_path(p).read_text(encoding="utf-8"))
-        flags = {k: v for k, v in shard_flags(meta.get("flags") or {}).items()
-                 if k != "base_url"}
-        return flags, sorted(str(i.get("sha256")) for i in meta.get("inputs") or [])
+        return (meta.get("flags") or {},
+                sorted(str(i.get("sha256")) for i in meta.get("inputs") or []))
 
     first = run_of(parts[0])
     for p in parts[1:]:
         flags, inputs = run_of(p)
-        keys = sorted(k for k in set(first[0]) | set(flags)
-                      if first[0].get(k) != flags.get(k))
+        keys = differing_flags(first[0], flags, also=("base_url",))  # each its endpoint
         if keys or inputs != first[1]:
             what = f"other {', '.join(keys)}" if keys else "another input"
             raise RlanyError(f"a shard made with {what} than {parts[0].name}: shards of "
