@@ -90,6 +90,18 @@ def test_judge_labels_writes_the_env_labels_as_verdicts(tmp_path, cli):
             "--max-tokens", "0")
     assert r.returncode == 1 and f"{plain}:1:" in r.stderr and "label" in r.stderr
     assert not list(tmp_path.glob("x.jsonl*"))
+    # an episode the env broke (its last step has no label) is not judged in any mode: a
+    # record that says so, and the rest of the file judged
+    broken = dict(trajs[0], finish="error", outcome=-1,
+                  steps=[*trajs[0]["steps"][:-1], {**trajs[0]["steps"][-1],
+                                                   "info": {"error": "step: RuntimeError: x"}}])
+    with_error = write_jsonl(tmp_path / "broken.jsonl", [broken, *trajs[1:]])
+    r = cli("judge", "-i", str(with_error), "-o", str(tmp_path / "z.jsonl"), "--labels",
+            "--m", "1", "--max-tokens", "0", "--history-steps", "1", "--obs-lines", "1")
+    assert r.returncode == 0, r.stderr
+    again = read_jsonl(tmp_path / "z.jsonl")
+    assert again[0]["skipped"].startswith("episode errored") and again[0]["steps"] == []
+    assert again[1:] == judgments[1:]
     # --labels calls no model: an adapter or a reasoning judge is a usage error
     r = cli("judge", "-i", str(steps), "-o", str(tmp_path / "y.jsonl"), "--labels",
             "--max-tokens", "16")

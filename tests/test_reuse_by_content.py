@@ -181,3 +181,27 @@ def test_a_warm_start_whose_base_changed_while_it_was_made_is_never_shared(tmp_p
     capsys.readouterr()
     assert _next_stage(config, "b") == "rollout"  # its own
     assert "records no digest of the base model" in capsys.readouterr().err
+
+
+def test_large_file_digests_are_remembered_across_processes(tmp_path, monkeypatch):
+    """A stage names its weights by content on every start (resume headers, sidecars), so a
+    large file's digest is kept in the cache's digests.jsonl under what any write changes:
+    a later process reads it back unhashed; a rewrite in place is hashed again."""
+    from rlany import models, provenance
+
+    monkeypatch.setenv("RLANY_CACHE", str(tmp_path / "cache"))
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"a" * (1 << 20))
+    first = models.file_digest(weights)
+    assert len((tmp_path / "cache" / "digests.jsonl").read_text().splitlines()) == 1
+    monkeypatch.setattr(models, "_DIGESTS", {})          # as a fresh process
+    monkeypatch.setattr(models, "_LOADED", [])
+
+    def no_hashing(path):
+        raise AssertionError(f"hashed {path} again")
+    monkeypatch.setattr(provenance, "sha256_file", no_hashing)
+    assert models.file_digest(weights) == first
+    monkeypatch.undo()
+    monkeypatch.setenv("RLANY_CACHE", str(tmp_path / "cache"))
+    weights.write_bytes(b"b" * (1 << 20))
+    assert models.file_digest(weights) != first

@@ -254,7 +254,8 @@ def test_cli_rollout_judge_score_with_fake_engine(tmp_path, cli):
 def test_cli_rollout_resumes_after_partial_output(tmp_path, cli):
     """Killed after two complete tasks and half of the third (the hook holds it after the
     second group; the torn third is appended): the rerun plays only what is missing. An
-    index with no header (from before headers: no record of its flags) is not resumed."""
+    index with no header (from before headers: no record of its flags) is not resumed, nor
+    one made with a model since rewritten in place."""
     import subprocess
     import sys
     import time
@@ -283,8 +284,14 @@ def test_cli_rollout_resumes_after_partial_output(tmp_path, cli):
     header, *groups = index.read_text().splitlines(keepends=True)
     index.write_text("".join(groups))  # as an index from before headers
     line = one_line(cli("rollout", "-i", str(tasks), "-o", str(out), *args), 1)
-    assert "other flags or input" in line and partial.exists()
+    assert "other flags or input is here (no header)" in line and partial.exists()
     index.write_text(header + "".join(groups))
+    # the model rewritten in place (same path, other content) is another model: refused,
+    # named; the same bytes back resume
+    pol.write_text(json.dumps(["\\boxed{5}"]))
+    line = one_line(cli("rollout", "-i", str(tasks), "-o", str(out), *args), 1)
+    assert "(flags.content.model)" in line and partial.exists()
+    pol.write_text(json.dumps(["\\boxed{3}", "\\boxed{4}"]))
     r = cli("rollout", "-i", str(tasks), "-o", str(out), *args)
     assert r.returncode == 0, r.stderr
     assert "resuming, 2 of 5" in r.stderr

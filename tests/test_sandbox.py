@@ -76,7 +76,30 @@ HOSTILE = {
     "closes its stdout": "import os\nos.close(1)\nprint('gone')",
     "spawns a shell": "import subprocess\nprint(subprocess.run(['sh', '-c', 'echo pwned > /tmp/pwned; id'], capture_output=True).stdout)",
     "syntax error": "print(",
+    "exits like a broken jail": "import os, sys\nsys.stderr.write('bwrap: setting up uid map: "
+                                "Permission denied\\n')\nos._exit(97)",
 }
+
+
+def test_a_jail_that_does_not_start_is_no_verdict(monkeypatch, tmp_path):
+    """bwrap's own setup failing (exit 1, no program run) is the sandbox's failure, raised
+    for the env to record an errored episode, never a wrong program scored -1."""
+    from rlany.envs.coding import CodingEnv
+    from rlany.records import Task
+
+    broken = ["/bin/sh", "-c", "echo 'bwrap: setting up uid map: Permission denied' >&2; "
+              "exit 1", "jail"]
+    monkeypatch.setattr(sandbox, "_MODE", {"mode": "bwrap", "reason": "test",
+                                           "bwrap": "/bin/false", "argv": broken})
+    for call in (lambda: run_tests("print(1)", ["", ""], FAST),
+                 lambda: run_one("print(1)", "", FAST)):
+        with pytest.raises(sandbox.SandboxFailed, match="did not start: exit 1: bwrap: setting"):
+            call()
+    env = CodingEnv()
+    env.reset(Task(task_id="t", env="coding", prompt="", spec={
+        "question": "Print 1.", "tests": [{"input": "", "output": "1"}]}))
+    with pytest.raises(sandbox.SandboxFailed):
+        env.step("```python\nprint(1)\n```")
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))

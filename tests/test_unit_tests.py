@@ -84,6 +84,29 @@ def test_programs_run_on_the_written_tests(sum_task):
                       "tests_discriminating": 1}
 
 
+def test_an_errored_episode_is_not_judged_nor_rerun(sum_task, monkeypatch):
+    """An episode whose env failed (here: the sandbox did not start at its step) has no
+    program's verdict: its judgment is skipped, its program not run again, and it counts in
+    no test's validity."""
+    from dataclasses import replace
+
+    from rlany.stages import unit_tests
+
+    trajs, _, _ = roll_and_judge(sum_task, [RIGHT, WRONG, RIGHT], TESTS)
+    trajs[2] = replace(trajs[2], finish="error")
+    ran = []
+    real = unit_tests._run_program
+    monkeypatch.setattr(unit_tests, "_run_program", lambda code, tests, cpu_s: (
+        ran.append(code), real(code, tests, cpu_s))[1])
+    rm = FakeEngine(lambda req, k: TESTS[k])
+    judged = [j for g in judge(trajs, rm, JudgeOptions(m=len(TESTS), mode="unit-tests"))
+              for j in g]
+    assert len(ran) == 2 and [bool(j.steps) for j in judged] == [True, True, False]
+    assert judged[2].skipped.startswith("episode errored")
+    counts = unit_test_counts(judged, {t.traj_id: t.outcome for t in trajs})
+    assert counts["tests_valid"] == 2 and counts["tests_discriminating"] == 1
+
+
 def test_test_rewards_measure_separation(sum_task):
     trajs, judged, _ = roll_and_judge(sum_task, [RIGHT, WRONG, RIGHT, WRONG], TESTS)
     ((scored, stats),) = list(score_stream(((f"t:{k}", t) for k, t in enumerate(trajs)),

@@ -63,21 +63,73 @@ def resolve_model(model: str) -> str:
 # its top level does: weights, config, generation config, tokenizer, chat template, a fake
 # engine's script, remote code)
 _NOT_MODEL = ("*.md", "LICENSE*", "NOTICE*", ".*")
-_DIGESTS: dict[tuple, str] = {}  # this process's file digests, by what any write changes
+_DIGESTS: dict[tuple, str] = {}  # file digests, by what any write changes
+_REMEMBER_BYTES = 1 << 20  # files this large are remembered across processes (digests.jsonl)
+_LOADED: list[bool] = []  # whether this process has read digests.jsonl
 
 
 def file_digest(path: str | Path) -> str:
-    """sha256 of a file's bytes, hashed once per process while it is unchanged: kept under
+    """sha256 of a file's bytes, hashed once on this machine while it is unchanged: kept under
     (path, device, inode, size, mtime_ns, ctime_ns), and a write changes mtime and ctime
-    (ctime cannot be set back by a user: `touch -r` does not hide a write)."""
+    (ctime cannot be set back by a user: `touch -r` does not hide a write). Digests of files
+    of 1 MiB or more are remembered across processes in the cache's `digests.jsonl`, so
+    every stage can name its weights by content without rereading a large model."""
     from rlany.provenance import sha256_file
 
     st = os.stat(path)
     key = (str(Path(path).resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
            st.st_ctime_ns)
+    if key not in _DIGESTS and st.st_size >= _REMEMBER_BYTES:
+        _load_remembered()
     if key not in _DIGESTS:
         _DIGESTS[key] = sha256_file(path)
+        if st.st_size >= _REMEMBER_BYTES:
+            _remember(key, _DIGESTS[key])
     return _DIGESTS[key]
+
+
+def weights_digest(path: str | None) -> str | None:
+    """sha256 over an adapter's weight files (its other files name its own paths)."""
+    import hashlib
+
+    if path is None:
+        return None
+    files = sorted(Path(path).glob("*.safetensors")) + sorted(Path(path).glob("*.bin"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no weights")
+    return hashlib.sha256(" ".join(file_digest(f) for f in files).encode()).hexdigest()
+
+
+def _digests_file() -> Path:
+    return cache_dir().parent / "digests.jsonl"
+
+
+def _load_remembered() -> None:
+    """Read the remembered digests once a process (a torn or foreign line is skipped)."""
+    if _LOADED:
+        return
+    _LOADED.append(True)
+    try:
+        lines = _digests_file().read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            *key, digest = json.loads(line)
+            _DIGESTS[tuple(key)] = str(digest)
+        except (ValueError, TypeError):
+            continue
+
+
+def _remember(key: tuple, digest: str) -> None:
+    """One appended line (O_APPEND: writers of several processes do not tear each other's
+    short lines); a cache that cannot be written is only slower."""
+    try:
+        _digests_file().parent.mkdir(parents=True, exist_ok=True)
+        with open(_digests_file(), "a", encoding="utf-8") as f:
+            f.write(json.dumps([*key, digest]) + "\n")
+    except OSError:
+        pass
 
 
 def content_digest(path: str | Path) -> str:

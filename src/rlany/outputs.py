@@ -251,10 +251,14 @@ class ResumableJsonl:
             first = _loads_or_none(lines[0]) if lines else None
             # an index from before headers says nothing of its flags or input: not resumed
             if lines and (not isinstance(first, dict) or first != self.header):
+                from rlany.provenance import differing_keys
+                what = ", ".join(differing_keys(first["header"], self.header["header"])[
+                    :4]) if isinstance(first, dict) and "header" in first else "no header"
                 raise RlanyError(
-                    "a partial output from a run with other flags or input is here; rerun "
-                    f"with the same ones to resume, or delete {self.partial.name} and "
-                    f"{self.index.name} to start over", where=str(self.partial))
+                    f"a partial output from a run with other flags or input is here ({what}"
+                    "); rerun with the same ones to resume, or delete "
+                    f"{self.partial.name} and {self.index.name} to start over",
+                    where=str(self.partial))
             good: list[str] = [head]
             for line in lines[1:]:
                 entry = _loads_or_none(line)

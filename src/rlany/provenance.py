@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from rlany.errors import RlanyError
 from rlany.jsonl import JsonlReader, meta_path
@@ -175,3 +176,16 @@ def check_answers_pool(tasks: list[Task], stats: str, judgments: str | None,
         for where, record in reader:
             if record.task_id in pool:
                 check_task_origin(record.extra, pool[record.task_id], where, what)
+
+
+def differing_keys(old: Any, new: Any) -> list[str]:
+    """Where two records of what made a file differ, as dotted keys (`input`, `flags.lr`,
+    `flags.content.adapter`: an adapter's weights rewritten in place), sorted."""
+    a, b = _flat(old), _flat(new)
+    return sorted(k for k in set(a) | set(b) if a.get(k, a) != b.get(k, a))
+
+
+def _flat(value: Any, at: str = "") -> dict[str, Any]:
+    if not isinstance(value, dict) or not value:
+        return {at.rstrip(".") or "(all)": value}
+    return {k: v for key, item in value.items() for k, v in _flat(item, f"{at}{key}.").items()}

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlany import _jail
+from rlany.errors import RlanyError
 
 JAIL = Path(_jail.__file__)
 
@@ -57,6 +58,12 @@ class Limits:
     nproc: int = 16
     open_files: int = 64
     output_kb: int = 256  # stdout kept per test (and the cap on what a process may send)
+
+
+class SandboxFailed(RlanyError):
+    """The jail itself did not start (bwrap's setup, `_jail`'s namespaces, the interpreter):
+    no program ran, so there is no verdict to give. An env's step raising it makes the
+    episode an errored one, not a wrong program."""
 
 
 @dataclass
@@ -122,6 +129,7 @@ SINGLE = r"""
 import json, sys
 cfg = json.loads(sys.stdin.readline())
 sys.argv = ["program"]
+sys.stdout.write("\n"); sys.stdout.flush()  # ready: the jail started, the program runs now
 exec(compile(cfg["code"], "<program>", "exec"), {"__name__": "__main__"})
 """
 
@@ -319,6 +327,8 @@ def run_tests(code: str, inputs: list[str], limits: Limits = Limits(), *,
     rc, out, err, timed_out = _launch(_mode(), HARNESS, payload, limits,
                                       limits.cpu_s * len(inputs) + 1, wall,
                                       cap * len(inputs) + 65536, lines=len(inputs) + 1)
+    if not out and not timed_out:  # no ready line, no result: the harness never ran
+        _jail_failed(rc, err.decode("utf-8", "replace"))
     results: list[TestResult] = []
     for k, line in enumerate(out.decode("utf-8", "replace").splitlines()):
         if k == 0 and not line:
@@ -349,9 +359,12 @@ def run_one(code: str, data: str, limits: Limits = Limits()) -> TestResult:
     payload = json.dumps({"code": code}) + "\n" + data
     start = time.monotonic()
     rc, out, err, timed_out = _launch(_mode(), SINGLE, payload, limits, limits.cpu_s + 0.5,
-                                      max(limits.wall_s, limits.cpu_s * 2), cap)
+                                      max(limits.wall_s, limits.cpu_s * 2), cap + 1)
     seconds = time.monotonic() - start
     stderr = err.decode("utf-8", "replace")[-2000:]
+    if not out.startswith(b"\n") and not timed_out:
+        _jail_failed(rc, stderr)
+    out = out[1:]
     if timed_out or rc == -signal.SIGXCPU or rc == -signal.SIGKILL and not out:
         return TestResult("timeout" if timed_out or rc == -signal.SIGXCPU else "killed",
                           "", stderr, seconds)
@@ -359,6 +372,11 @@ def run_one(code: str, data: str, limits: Limits = Limits()) -> TestResult:
     if len(out) > cap:
         return TestResult("output_limit", text[:cap], stderr, seconds)
     return TestResult("ok" if rc == 0 else "error", text, stderr, seconds)
+
+
+def _jail_failed(rc: int | None, stderr: str) -> None:
+    last = (stderr.strip().splitlines() or ["(no message)"])[-1][:300]
+    raise SandboxFailed(f"the sandbox ({_mode()['mode']}) did not start: exit {rc}: {last}")
 
 
 def outputs_match(got: str, want: str) -> bool:

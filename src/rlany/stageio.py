@@ -254,7 +254,26 @@ def engine_flags(opts: Any, engine: Any) -> dict:
     if "dtype" in flags and resolved_engine(flags) in WEIGHT_ENGINES:
         from rlany.compat import resolve_dtype
         flags["dtype_resolved"] = resolve_dtype(flags["dtype"])
+    flags["content"] = weights_content(flags)
     return flags
+
+
+def weights_content(flags: dict) -> dict[str, str]:
+    """What the stage generates with, by content, not by name: the local model's files
+    (`models.content_digest`; a fake engine's script) and each adapter's weights. A partial
+    output made with weights since rewritten in place is then refused on resume (its header
+    holds these), and the sidecar says what made the output. A served model or a hub id has
+    no local files: named only."""
+    from rlany.models import content_digest, weights_digest
+
+    out = {}
+    model = flags.get("model")
+    if isinstance(model, str) and Path(model).exists():
+        out["model"] = content_digest(model)
+    for key in ("adapter", "judge_adapter"):
+        if flags.get(key):
+            out[key] = weights_digest(str(flags[key]))
+    return out
 
 
 WEIGHT_ENGINES = ("hf", "vllm")  # engines that load the weights here: their dtype matters

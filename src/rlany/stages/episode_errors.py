@@ -35,6 +35,10 @@ class EnvFailed(RlanyError):
     """The env failed too many episodes (or could not start): the stage writes nothing."""
 
 
+# why the judge leaves an errored episode unjudged (its record's `skipped`), in any mode
+ERRORED = "episode errored: score trains on none of it"
+
+
 def errored(traj: Trajectory) -> bool:
     return traj.finish == "error"
 

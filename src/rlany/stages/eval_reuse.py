@@ -37,9 +37,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlany.models import weights_digest
+
 BASE, INIT = "eval_base.json", "eval_init.json"
 # the output's path, and what the sidecar holds resolved (compared resolved, below)
-_SKIP = ("output", "engine_resolved", "model", "dtype_resolved")
+_SKIP = ("output", "engine_resolved", "model", "dtype_resolved", "content")
 _ADAPTERS = ("adapter", "judge_adapter")  # compared by their weights, not their paths
 # envs whose episodes are the tasks file and rlany's own code (versions.rlany_source)
 PINNED_ENVS = ("reasoning", "household", "coding")
@@ -47,19 +49,6 @@ _ENV_DEPENDS = {"openenv": "a server that can change behind the same URL or comm
                 "gives no fingerprint of itself",
                 "miniwob": "a browser and the miniwob package", "alfworld": "game files on "
                 "disk and the textworld package"}
-
-
-def weights_digest(path: str | None) -> str | None:
-    """sha256 over an adapter's weight files (its other files name its own paths)."""
-    import hashlib
-
-    from rlany.models import file_digest
-    if path is None:
-        return None
-    files = sorted(Path(path).glob("*.safetensors")) + sorted(Path(path).glob("*.bin"))
-    if not files:
-        raise FileNotFoundError(f"{path}: no weights")
-    return hashlib.sha256(" ".join(file_digest(f) for f in files).encode()).hexdigest()
 
 
 def unpinned_env(tasks: str | Path) -> str | None:

@@ -43,7 +43,7 @@ from rlany.records import (
     responses_digest,
 )
 from rlany.shards import shard_opt
-from rlany.stages.episode_errors import errored
+from rlany.stages.episode_errors import ERRORED, errored
 from rlany.stages.expert import check_labels, label_verdicts
 from rlany.stages.resume import replayed
 from rlany.stages.unit_tests import unit_test_batch, unit_test_counts
@@ -152,6 +152,8 @@ def _step_batch(batch: list[list[Trajectory]], engine: Engine, opts: JudgeOption
                  judge_info: dict) -> Iterator[list[Judgment]]:
     skipped = {t.traj_id: why for g in batch if (why := unused(g, opts.select))
                for t in g}
+    for t in (t for g in batch for t in g if errored(t) and t.traj_id not in skipped):
+        skipped[t.traj_id] = ERRORED
     prompts = {t.traj_id: list(enumerate(step_prompts(t, opts.history_steps, opts.obs_lines)))
                for g in batch for t in g if t.traj_id not in skipped}
     if opts.last_step_only:
@@ -270,7 +272,8 @@ def _check_input(reader: Iterable[tuple[str, Trajectory]], labels: bool, last_on
                  ) -> tuple[dict[str, int], dict[str, int]]:
     """A malformed line, a task split in two or a trajectory id seen before fails here,
     before an engine is started (groups are judged and resumed by task, and matched by id);
-    with `labels`, so does a step without the env's label. Returns each task's group size,
+    with `labels`, so does a step without the env's label (errored episodes, never judged,
+    aside). Returns each task's group size,
     in input order, and its steps to judge (`last_only`: one a trajectory)."""
     from rlany.stages.pairing import groups
 
@@ -281,11 +284,11 @@ def _check_input(reader: Iterable[tuple[str, Trajectory]], labels: bool, last_on
         for where, t in reader:
             if t.traj_id in ids:
                 raise RlanyError(f"duplicate trajectory '{t.traj_id}'", where=where)
-            if labels:
+            if labels and not errored(t):
                 check_labels(t, where)
             ids.add(t.traj_id)
-            steps[t.task_id] = steps.get(t.task_id, 0) + min(len(t.steps), 1 if last_only
-                                                              else len(t.steps))
+            judged = 0 if errored(t) else len(t.steps)
+            steps[t.task_id] = steps.get(t.task_id, 0) + min(judged, 1 if last_only else judged)
             yield where, t, None
     return {g[0][1].task_id: len(g) for g in groups(unique())}, steps
 

@@ -23,6 +23,7 @@ from rlany.records import (
     responses_digest,
 )
 from rlany.stages.advantages import standardize
+from rlany.stages.episode_errors import ERRORED, errored
 
 # -- judge: write the tests, run every program on them ----------------------------------
 
@@ -51,7 +52,7 @@ def unit_test_batch(batch: list[list[Trajectory]], engine: Engine, sampling: Sam
                for (g, messages), result in zip(asked, engine.generate(requests))}
     # every program against its task's parsed tests, one sandboxed process per program
     jobs = [(t, [test for _, test in written[g[0].task_id][1] if test is not None])
-            for g in batch for t in g if t.steps]
+            for g in batch for t in g if t.steps and not errored(t)]
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
         passed = dict(zip((t.traj_id for t, _ in jobs),
                           pool.map(lambda job: _run_program(
@@ -61,6 +62,13 @@ def unit_test_batch(batch: list[list[Trajectory]], engine: Engine, sampling: Sam
         judgments = []
         for traj in group:
             steps = []
+            if errored(traj):  # its program never ran to an answer: no verdict to give
+                judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
+                                          judge=judge_info, steps=[], skipped=ERRORED,
+                                          mode="unit-tests",
+                                          responses_sha256=responses_digest(traj.steps),
+                                          extra=judgment_origin(traj)))
+                continue
             if traj.steps:
                 messages, tests = written[traj.task_id]
                 verdicts = iter(passed[traj.traj_id])

@@ -85,8 +85,8 @@ def _content(rollout: Any, sft: Any) -> tuple[dict | None, str]:
     """What the warm start is made from beyond its flags, pool and versions, by content:
     the base model's files (the expert plays without a model; sft trains on them) and an
     adapter sft continues. (None, why) where that cannot be known here: not shared."""
-    from rlany.models import content_digest, resolve_model
-    from rlany.stages.eval_reuse import unpinned_env, weights_digest
+    from rlany.models import content_digest, resolve_model, weights_digest
+    from rlany.stages.eval_reuse import unpinned_env
 
     try:
         why = unpinned_env(rollout.input)
@@ -112,8 +112,8 @@ def _matches(warm: Path, want: dict, old: str, new: str, key: dict
     rlany.json), both rewritten to this run's paths), None; (None, why) where it is
     identical but for what it was made from; (None, None) otherwise."""
     from rlany.jsonl import meta_path
+    from rlany.models import weights_digest
     from rlany.provenance import sha256_file
-    from rlany.stages.eval_reuse import weights_digest
 
     meta = rewrite(json.loads(meta_path(warm / DEMOS).read_text()), old, new)
     ckpt = rewrite(json.loads((warm / SFT / "rlany.json").read_text()), old, new)
