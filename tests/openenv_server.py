@@ -5,7 +5,8 @@ The game: guess a number from 1 to 5 (drawn from the reset's `seed`, or `target`
 Reset options for the tests: `screen` (the observation carries a 2x2 PNG, base64),
 `slow` (seconds each step sleeps), `garbage` (steps are answered with text that is not JSON),
 `session_error` (a step is answered with SESSION_ERROR and the session closed, as openenv's
-server does when a session fails outside a message).
+server does when a session fails outside a message), `raises` (a step is answered with
+EXECUTION_ERROR, as openenv's server does when its env's step raises; the session goes on).
 
 `serve(port, max_sessions)` serves it as openenv's `HTTPEnvServer` (openenv-core 0.3.0, and
 the `openenv` 0.10 package) does on its WebSocket `/ws` (one session per connection;
@@ -34,10 +35,11 @@ ACTION_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["
 
 class Game:
     def reset(self, seed: int | None = None, target: int | None = None, screen: bool = False,
-              slow: float = 0.0, garbage: bool = False, session_error: bool = False) -> dict:
+              slow: float = 0.0, garbage: bool = False, session_error: bool = False,
+              raises: bool = False) -> dict:
         self.target = target or random.Random(seed).randint(1, 5)
         self.guesses, self.screen, self.slow, self.garbage = 0, screen, slow, garbage
-        self.session_error = session_error
+        self.session_error, self.raises = session_error, raises
         return self._obs("Guess a number from 1 to 5.", None, False)
 
     def step(self, guess: int) -> dict:
@@ -108,11 +110,15 @@ def serve(port: int, max_sessions: int = 64):
                 if kind == "close":
                     break
                 if kind == "reset":
-                    known = {"seed", "target", "screen", "slow", "garbage", "session_error"}
+                    known = {"seed", "target", "screen", "slow", "garbage", "session_error",
+                             "raises"}
                     answer = game.reset(**{k: v for k, v in data.items() if k in known})
                 elif kind == "step" and getattr(game, "session_error", False):
                     ws.send(error("the session's env worker died", "SESSION_ERROR"))
                     break
+                elif kind == "step" and getattr(game, "raises", False):  # env.step raised
+                    ws.send(error("KeyError: 'board'", "EXECUTION_ERROR"))
+                    continue
                 elif kind == "step":
                     if set(data) - {"guess", "metadata"} or not isinstance(data.get("guess"),
                                                                             int):

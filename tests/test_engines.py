@@ -63,6 +63,22 @@ def test_vllm_n_samples_share_one_request(vllm_engine):
     assert vllm_engine.stats.calls >= 1 and vllm_engine.stats.completion_tokens > 0
 
 
+def test_vllm_aborted_request_is_an_error_not_an_answer(vllm_engine, monkeypatch):
+    """A request vLLM ended with `abort` or `error` (a grammar that rejected a token, an
+    abort) holds no answer: the engine raises, as the openai engine does."""
+    from rlany.errors import RlanyError
+
+    real = vllm_engine.llm.generate
+
+    def aborted(*args, **kwargs):
+        outs = real(*args, **kwargs)
+        outs[0].outputs[0].finish_reason = "abort"
+        return outs
+    monkeypatch.setattr(vllm_engine.llm, "generate", aborted)
+    with pytest.raises(RlanyError, match="finish_reason 'abort', not an answer"):
+        vllm_engine.generate([Request(MESSAGES, GREEDY)])
+
+
 def test_hf_prefix_shared_samples_equal_separate_generation(hf):
     """n greedy samples from one shared prefill equal n = 1 greedy generation, for prompts
     of different lengths (left padding) in one batch."""

@@ -145,6 +145,9 @@ def test_env_account_says_how_episodes_failed():
     broken = replace(_traj(4, -1, [1]), finish="error")  # the env's fault: out of the count
     assert task_account([_traj(0, 1, [1]), broken], limit=1).splitlines()[0] == \
         "- the policy succeeded in 1 of 1 episodes (1 more ended in an env error)"
+    # an errored episode is told last: real failures fill the rewriter's few slots first
+    told = task_account([broken, _traj(5, -1, [1, -1])], limit=1).splitlines()
+    assert len(told) == 2 and "ran out of steps" in told[1]
     assert verdict_only("- \\boxed{1}\n- \\boxed{-1}") and verdict_only("(no critiques)")
     assert not verdict_only("- the agent never opened the drawer")
 
@@ -275,6 +278,13 @@ def test_cli_adapt_tasks_with_the_env_critic(tmp_path, cli):
     counts = json.loads((tmp_path / "next.meta.json").read_text())["counts"]
     assert counts["proposed"] == {"easier": 1, "harder": 0} and "difficulty" in counts
     assert "1 new candidates (1 easier, 0 harder" in r.stderr
+    # episodes of another rollout (one succeeded, where the stats say none of 2): refused
+    other = write_jsonl(tmp_path / "other.jsonl", [trajs[0], _traj(1, 1, [1], pool[0].task_id)])
+    elsewhere = [str(tmp_path / "x.jsonl") if a.endswith("next.jsonl") else
+                 str(tmp_path / "y.jsonl") if a.endswith("cands.jsonl") else a for a in args]
+    r = cli(*elsewhere, "--trajectories", str(other))
+    assert r.returncode == 1 and f"{other}:1: task '{pool[0].task_id}': 1 of 2 episodes " \
+        "succeeded here, 0 of 2 in its stats" in r.stderr and not (tmp_path / "x.jsonl").exists()
 
 
 def test_loop_adapts_without_a_judge_and_records_the_env_loop(tmp_path, tiny_model):

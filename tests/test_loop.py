@@ -272,7 +272,11 @@ def test_report_writes_plots_and_tables(tmp_path, cli):
     assert r.returncode == 0, r.stderr
     md = (run / "report" / "report.md").read_text()
     assert "| 2 | 0.600 | 0.600 |" in md and (run / "report" / "eval_success.png").stat().st_size > 1000
-    r = cli("report", str(run), str(run), "-o", str(tmp_path / "cmp"))
+    r = cli("report", str(run), str(run), "-o", str(tmp_path / "cmp"))  # would count twice
+    assert r.returncode == 1 and f"{run}: given twice" in r.stderr
+    import shutil
+    shutil.copytree(run, tmp_path / "runs" / "q", ignore=shutil.ignore_patterns("report"))
+    r = cli("report", str(run), str(tmp_path / "runs" / "q"), "-o", str(tmp_path / "cmp"))
     assert r.returncode == 0 and "| r | 0.450 | 0.600 |" in (tmp_path / "cmp" / "report.md").read_text()
     assert "Held-out success" not in md            # no episode counts: no gain line
     (run / "eval_base.json").write_text(json.dumps({"success_rate": 0.125, "trajectories": 128,

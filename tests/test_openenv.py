@@ -272,6 +272,13 @@ def test_a_session_error_ends_the_episode_as_an_error_with_the_servers_message(u
                                          r"env worker died$"):
         env.step("1")
     assert env.session is None and "SESSION_ERROR" in capfd.readouterr().err
+    # the server's env raised at the step (EXECUTION_ERROR): the env failed, not the
+    # policy's action, so the episode errors rather than going on to a zero
+    env.reset(task(url, reset={"target": 2, "raises": True}))
+    with pytest.raises(RlanyError, match=r"its env raised at a step \(EXECUTION_ERROR\): "
+                                         r"KeyError: 'board'$"):
+        env.step("1")
+    assert env.session is None
 
 
 def test_a_server_it_started_and_that_exited_is_started_again_in_one_line(capfd):

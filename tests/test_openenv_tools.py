@@ -72,12 +72,13 @@ def test_what_is_no_call_is_said_in_one_line(response, why):
     '{"a": ' * 4000, "{" * 20000, '{"tool": [' * 2000])
 def test_a_degenerate_response_is_decoded_in_well_under_a_second(response):
     """Each `name(` is closed by one scan of its brackets and quotes, and only the last few
-    are tried: not ast.parse at every `)` after every `name(` (25 s for 8,000 characters)."""
+    are tried: not ast.parse at every `)` after every `name(` (25 s for 8,000 characters).
+    Timed in this process's CPU seconds: a busy machine does not fail it."""
     assert len(response) >= 20000
-    began = time.perf_counter()
+    began = time.process_time()
     with pytest.raises(BadCall):
         parse(response, TOOLS)
-    assert time.perf_counter() - began < 0.5
+    assert time.process_time() - began < 0.5
 
 
 def test_calls_menu_and_tool_errors():
@@ -96,3 +97,37 @@ def test_calls_menu_and_tool_errors():
     assert show_result({"result": {"content": [{"type": "text", "text": "no"}],
                                    "is_error": True}}) == ("", "tool error: no")
     assert show_result({"result": 7}) == ("7", None)
+
+
+def test_a_tool_call_that_never_reached_its_tool_errors_the_episode(monkeypatch):
+    """MCP's transport_error and timeout are the framework's (openenv's ToolError: "NOT for
+    errors returned by the tool itself"): the env failed, so the episode errors; a tool's
+    own refusal (execution_error, invalid_args) is shown back and the episode goes on."""
+    from rlany.envs.openenv import OpenenvEnv
+    from rlany.errors import RlanyError
+
+    class Session:
+        url = "http://server"
+
+        def __init__(self, error_type):
+            self.error_type = error_type
+
+        def call(self, message, what):
+            error = {"error_type": self.error_type, "message": "could not reach the tool"}
+            return {"observation": {"tool_name": "look", "error": error}, "reward": None,
+                    "done": False}
+
+    for error_type, errors in (("transport_error", True), ("timeout", True),
+                               ("execution_error", False)):
+        env = OpenenvEnv()
+        env.session, env.tools, env.steps, env.retries, env.total = \
+            Session(error_type), [], 0, 0, 0.0
+        monkeypatch.setattr(env, "_parse", lambda response: ("look()", {"tool_name": "look"},
+                                                             None))
+        monkeypatch.setattr(env, "_again", lambda text, info, reward=None: text)
+        if errors:
+            with pytest.raises(RlanyError, match=f"could not run the tool call \\({error_type}"):
+                env.step("look()")
+        else:
+            assert env.step("look()").startswith("The tool call failed: execution_error")
+

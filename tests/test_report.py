@@ -81,3 +81,35 @@ def test_seeds_of_one_arm_are_one_line_with_a_band(tmp_path):
     written = {p.name for p in write_report([str(tmp_path / r["name"]) for r in runs], out)}
     assert "judge_label_accuracy.png" in written and "eval_judge_step_accuracy.png" not in written
     assert "| full-s1 |" in (out / "report.md").read_text()  # the table: one row per run
+
+
+def test_a_run_is_read_as_the_loop_wrote_it_and_nothing_twice(tmp_path):
+    """Iterations by number (iter_1000 after iter_999), a copied `iter_003.old` no
+    iteration, an iteration twice in metrics.jsonl or a run given twice refused (each would
+    count twice), and no gain across two task sets."""
+    import pytest
+
+    from rlany.errors import RlanyError
+    from rlany.jsonl import meta_path
+
+    run = _run(tmp_path, "a", [0.1, 0.2, 0.3])
+    for name, rate in (("iter_999", 0.3), ("iter_1000", 0.4), ("iter_1000.old", 0.9)):
+        (run / name).mkdir()
+        (run / name / "eval.json").write_text(json.dumps({"success_rate": rate}))
+    got = load_run(run)
+    assert (got["final_iteration"], got["final"]["success_rate"]) == (1000, 0.4)
+    with pytest.raises(RlanyError, match="given twice") as e:
+        write_report([str(run), str(tmp_path / "." / "a")], tmp_path / "report")
+    assert not (tmp_path / "report").exists() and e.value.where == str(tmp_path / "." / "a")
+    sidecar = {"inputs": [{"path": "eval.jsonl", "sha256": "a" * 64}]}
+    meta_path(run / "eval_base.json").write_text(json.dumps(sidecar))
+    sidecar["inputs"][0]["sha256"] = "b" * 64
+    meta_path(run / "iter_1000" / "eval.json").write_text(json.dumps(sidecar))
+    with pytest.raises(RlanyError, match="evaluated other tasks than eval_base.json"):
+        load_run(run)
+    metrics = run / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().splitlines()[0] + "\n" + metrics.read_text())
+    (run / "iter_1000" / "eval.meta.json").unlink()
+    with pytest.raises(RlanyError, match="iteration 0 again \\(first at line 1\\)") as e:
+        load_run(run)
+    assert e.value.where == f"{metrics}:2"

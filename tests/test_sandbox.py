@@ -95,6 +95,13 @@ def test_a_jail_that_does_not_start_is_no_verdict(monkeypatch, tmp_path):
                  lambda: run_one("print(1)", "", FAST)):
         with pytest.raises(sandbox.SandboxFailed, match="did not start: exit 1: bwrap: setting"):
             call()
+    hung = {"mode": "bwrap", "reason": "test", "bwrap": "/bin/false",
+            "argv": ["/bin/sh", "-c", "sleep 60", "jail"]}   # hangs before the ready line
+    monkeypatch.setattr(sandbox, "_MODE", hung)
+    with pytest.raises(sandbox.SandboxFailed, match="did not start"):
+        run_tests("print(1)", ["", ""], Limits(cpu_s=0.5, wall_s=1.0))
+    monkeypatch.setattr(sandbox, "_MODE", {"mode": "bwrap", "reason": "test",
+                                           "bwrap": "/bin/false", "argv": broken})
     env = CodingEnv()
     env.reset(Task(task_id="t", env="coding", prompt="", spec={
         "question": "Print 1.", "tests": [{"input": "", "output": "1"}]}))

@@ -198,6 +198,26 @@ def test_stream_rejects_non_consecutive_groups():
     assert e.value.where == "x:3"
 
 
+def test_stream_refuses_two_rollouts_in_one_group_and_a_half_judged_stream():
+    """`cat iter_000/trajectories.jsonl iter_001/trajectories.jsonl` where one task ends the
+    first and begins the second: one group of two policies is refused, not scored as one;
+    a stream whose judgments begin after a task was passed on unjudged is refused too."""
+    from dataclasses import replace
+
+    old, new = make_traj("t", 0, 1), make_traj("t", 0, -1, iteration=1)
+    with pytest.raises(RlanyError, match="is of iteration 1; its task group began at x:1") as e:
+        list(score_stream(located([old, new]), None, ScoreOptions()))
+    assert e.value.where == "x:2"
+    other = replace(make_traj("t", 1, -1), policy={"model": "test", "adapter": "iter_003"})
+    with pytest.raises(RlanyError, match="is of policy"):
+        list(score_stream(located([old, other]), None, ScoreOptions()))
+    a, b = [make_traj("a", k, 1) for k in range(2)], [make_traj("b", k, -1) for k in range(2)]
+    stream = [*a, *b, *(make_judgment(t, [[1]]) for t in b)]
+    with pytest.raises(RlanyError, match="task 'a' \\(x:1\\) had none") as e:
+        list(score_stream(located(stream), None, ScoreOptions()))
+    assert e.value.where == "x:5"
+
+
 # ---------------------------------------------------------------------------------------
 # the CLI
 

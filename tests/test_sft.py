@@ -96,6 +96,14 @@ def test_sft_trains_on_successful_steps_and_lowers_their_loss(tiny_model, tmp_pa
             "--all-outcomes", "--max-steps", "1")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "all" / "rlany.json").read_text())["samples"] == 7
+    # an errored episode is no sample even with --all-outcomes (the env failed, not it)
+    from dataclasses import replace
+
+    from rlany.records import Trajectory, from_json
+    from rlany.training.samples import sft_samples
+    trajs = [from_json(Trajectory, t) for t in read_jsonl(data)]
+    broken = [replace(t, finish="error") if t.outcome != 1 else t for t in trajs]
+    assert len(list(sft_samples(broken, all_outcomes=True))) == 4
     failed = write_jsonl(tmp_path / "failed.jsonl", [make_traj("a", 1, -1)])
     r = cli("sft", "-i", str(failed), "-o", str(tmp_path / "none"), "--model", tiny_model)
     assert r.returncode == 1 and "no training samples" in r.stderr

@@ -327,7 +327,7 @@ def run_tests(code: str, inputs: list[str], limits: Limits = Limits(), *,
     rc, out, err, timed_out = _launch(_mode(), HARNESS, payload, limits,
                                       limits.cpu_s * len(inputs) + 1, wall,
                                       cap * len(inputs) + 65536, lines=len(inputs) + 1)
-    if not out and not timed_out:  # no ready line, no result: the harness never ran
+    if not out:  # no ready line, no result (exited or hung): the harness never ran
         _jail_failed(rc, err.decode("utf-8", "replace"))
     results: list[TestResult] = []
     for k, line in enumerate(out.decode("utf-8", "replace").splitlines()):
@@ -362,7 +362,7 @@ def run_one(code: str, data: str, limits: Limits = Limits()) -> TestResult:
                                       max(limits.wall_s, limits.cpu_s * 2), cap + 1)
     seconds = time.monotonic() - start
     stderr = err.decode("utf-8", "replace")[-2000:]
-    if not out.startswith(b"\n") and not timed_out:
+    if not out.startswith(b"\n"):  # no ready line: the program never began
         _jail_failed(rc, stderr)
     out = out[1:]
     if timed_out or rc == -signal.SIGXCPU or rc == -signal.SIGKILL and not out:

@@ -144,6 +144,11 @@ class VllmEngine:
             ids = list(out.prompt_token_ids)
             completions = []
             for c in sorted(out.outputs, key=lambda c: c.index):
+                if c.finish_reason in ("abort", "error"):  # as the openai engine: no answer
+                    raise RlanyError(f"vLLM ended request {k} with finish_reason "
+                                     f"{c.finish_reason!r}, not an answer",
+                                     hint="its log says why (a grammar that rejected a "
+                                          "token, an abort)")
                 logprobs = None
                 if c.logprobs is not None:
                     logprobs = [step[tok].logprob for tok, step in zip(c.token_ids, c.logprobs)]

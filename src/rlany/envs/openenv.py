@@ -29,7 +29,8 @@ response. The response becomes the action: with admissible actions, the one it n
 server's own value, e.g. an int); else the stripped response converted to the field's
 schema type (integer, number, boolean, array/object as JSON); a response that does not
 convert is not sent ("Invalid action: ..."; the episode goes on). A step the server rejects
-(VALIDATION_ERROR, EXECUTION_ERROR) shows "The server rejected the action: ..." and goes on.
+(VALIDATION_ERROR) shows "The server rejected the action: ..." and goes on; one its env
+raised at (EXECUTION_ERROR) ends the episode as an errored one (`episode_errors`).
 Outcome: the server's `done` ends the episode; success when the last reward
 (success_on "last") or the sum of rewards ("sum") is > success_above. Each step's info has
 `reward` (null where the server gave none, or did not take the action) and `return` (the sum
@@ -43,7 +44,8 @@ Tool envs (`openenv_tools`): a server whose action is MCP's CallToolAction (an o
 arguments from each input schema, description), and each response is decoded into one call,
 `name(arg="value")` or {"tool": name, "arguments": {...}}. A response that is no call to a
 listed tool (or misses a required argument) is not sent, and a call the server's tool
-refuses is not taken: either is shown back in one line and the episode goes on.
+refuses is not taken: either is shown back in one line and the episode goes on (a call
+that never reached its tool, MCP's transport_error or timeout, errors the episode).
 `--constrain-actions` decodes exactly one call where every tool's required arguments are
 enums or booleans (the calls are then listed in full).
 
@@ -137,10 +139,14 @@ class OpenenvEnv:
         try:
             data = self.session.call({"type": "step", "data": value}, "a step")
         except wire.ServerError as e:
-            if e.code not in wire.GOES_ON:  # SESSION_ERROR and the like: the session is over
+            # SESSION_ERROR and the like: the session is over; EXECUTION_ERROR: the
+            # server's env raised at the step (an env failure, not the policy's action)
+            if e.code not in wire.GOES_ON or e.code == "EXECUTION_ERROR":
                 url = self.session.url
                 self.close()
-                raise _once(f"openenv: the server at {url} ended the session ({e.code}): "
+                what = "its env raised at a step" if e.code == "EXECUTION_ERROR" else \
+                    "ended the session"
+                raise _once(f"openenv: the server at {url} {what} ({e.code}): "
                             f"{e.message}") from None
             info["rejected"] = f"{e.code}: {e.message}"
             return self._again(f"The server rejected the action: {e.message}", info)
@@ -158,6 +164,9 @@ class OpenenvEnv:
         done, obs = bool(data.get("done")), data.get("observation") or {}
         refused = tools.show_result(obs)[1] if self.tools is not None and "tool_name" in obs \
             and not done else None
+        if refused and refused.startswith(tools.NOT_THE_POLICYS):
+            self.close()  # the call never reached its tool: an env failure, not a refusal
+            raise _once(f"openenv: the server could not run the tool call ({refused})")
         if refused:
             info["rejected"] = refused
             return self._again(f"The tool call failed: {refused}", info, reward)

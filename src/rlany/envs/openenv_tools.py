@@ -316,6 +316,10 @@ def _literal(node: ast.expr, name: str):
                       f"{name}=\"...\")") from None
 
 
+# MCP tool errors of the framework, not the tool or its arguments (openenv's ToolError)
+NOT_THE_POLICYS = ("transport_error:", "timeout:")
+
+
 def show_result(observation: dict) -> tuple[str, str | None]:
     """(the text a call answered, the server's tool error as one line or None)."""
     error = observation.get("error")

@@ -358,7 +358,7 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     stones = stepping_stones(pending_tasks, decisions, new_pool, opts.descend)
     targets = {t.task_id for t in new_pool + stones
                if t.task_id in stats and direction_for(stats[t.task_id].acc, opts)}
-    critiques = read_critiques(paths, targets, opts)
+    critiques = read_critiques(paths, targets, opts, stats)
     if opts.rewrite == "random":
         engine = RandomEdits(opts.seed, opts.iteration)  # no model: the control
     engine = engine or (start_engine(opts) if targets else None)

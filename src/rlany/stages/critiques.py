@@ -77,7 +77,8 @@ def judged_bad_steps(judgments: str, task_ids: set[str], name: str | None = None
     return bad
 
 
-def read_critiques(paths: dict, targets: set[str], opts) -> dict[str, str]:
+def read_critiques(paths: dict, targets: set[str], opts, stats: dict | None = None
+                   ) -> dict[str, str]:
     """task id -> what the rewriter reads (`adapt-tasks --critic`): the judge's critique
     summary, the env's account of the episodes (`env_account`), or (auto) the judge's where
     it says more than verdicts, else the env's."""
@@ -90,7 +91,7 @@ def read_critiques(paths: dict, targets: set[str], opts) -> dict[str, str]:
     marked = (judged_bad_steps(paths["--judgments"], targets, opts.judgments)
               if opts.judgments else {})
     accounts = collect_accounts(paths["--trajectories"], targets, opts.critiques,
-                                opts.trajectories, marked)
+                                opts.trajectories, marked, stats)
     return accounts if opts.critic == "env" else either(judged, accounts, targets)
 
 

@@ -11,6 +11,7 @@ has no judge critique)."""
 
 from __future__ import annotations
 
+from rlany.errors import RlanyError
 from rlany.prompts import clip
 from rlany.records import Trajectory
 from rlany.stages.episode_errors import errored
@@ -40,14 +41,15 @@ def episode_account(traj: Trajectory, marked: set[int] | None = None) -> str:
 def task_account(trajs: list[Trajectory], limit: int,
                  marked: dict[str, set[int]] | None = None) -> str:
     """A task's account: its success count, then up to `limit` distinct episode accounts,
-    failed episodes first."""
+    failed episodes first, errored ones last."""
     from rapidfuzz import fuzz
 
     if not trajs:
         return NONE
     marked = marked or {}
     wins = sum(t.outcome == 1 for t in trajs)
-    ordered = sorted(trajs, key=lambda t: (t.outcome == 1, t.sample))
+    # errored episodes (the env failed, not the policy) last: they say least of the task
+    ordered = sorted(trajs, key=lambda t: (t.finish == "error", t.outcome == 1, t.sample))
     chosen: list[str] = []
     for t in ordered:
         if len(chosen) == limit:
@@ -62,15 +64,34 @@ def task_account(trajs: list[Trajectory], limit: int,
 
 
 def collect_accounts(trajectories: str, task_ids: set[str], limit: int,
-                     name: str | None = None,
-                     marked: dict[str, set[int]] | None = None) -> dict[str, str]:
-    """The env's account of each given task, streaming the trajectories file once."""
+                     name: str | None = None, marked: dict[str, set[int]] | None = None,
+                     stats: dict | None = None) -> dict[str, str]:
+    """The env's account of each given task, streaming the trajectories file once. With
+    `stats` (the task stats adapt-tasks decides by), a task's episodes must be the ones
+    they count: same task (`task_sha256`), as many ran and succeeded; else the file comes
+    from another rollout, and its account would contradict the accuracy beside it."""
     from rlany.jsonl import JsonlReader
+    from rlany.provenance import TASK_SHA256
 
     grouped: dict[str, list[Trajectory]] = {}
-    for _, t in JsonlReader(trajectories, Trajectory, "trajectories", name=name):
+    first: dict[str, str] = {}
+    for where, t in JsonlReader(trajectories, Trajectory, "trajectories", name=name):
         if t.task_id in task_ids:
             grouped.setdefault(t.task_id, []).append(t)
+            first.setdefault(t.task_id, where)
+            s = (stats or {}).get(t.task_id)
+            theirs, ours = (s.extra.get(TASK_SHA256) if s else None), t.extra.get(TASK_SHA256)
+            if theirs and ours and theirs != ours:
+                raise RlanyError(f"trajectory of another task '{t.task_id}' than its stats' "
+                                 f"({TASK_SHA256} differs): from another pool", where=where)
+    for tid, ts in grouped.items():
+        s = (stats or {}).get(tid)
+        ran = [t for t in ts if not errored(t)]
+        if s is not None and (len(ran), sum(t.outcome == 1 for t in ran)) != (s.n, s.successes):
+            raise RlanyError(f"task '{tid}': {sum(t.outcome == 1 for t in ran)} of {len(ran)} "
+                             f"episodes succeeded here, {s.successes} of {s.n} in its stats: "
+                             "these trajectories come from another rollout", where=first[tid],
+                             hint="give the trajectories the stats were scored from")
     return {tid: task_account(ts, limit, marked) for tid, ts in grouped.items()}
 
 

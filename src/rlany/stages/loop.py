@@ -381,7 +381,9 @@ class Loop:
 
     def _write_metrics(self) -> None:
         from rlany.outputs import write_text_atomic
+        from rlany.stages.report_read import ITERATION
 
-        lines = [json.dumps(json.loads(p.read_text()))
-                 for p in sorted(self.dir.glob("iter_*/done.json"))]
+        done = sorted((int(m[1]), p) for p in self.dir.glob("iter_*/done.json")
+                      if (m := ITERATION.match(p.parent.name)))  # not a copied iter_003.old
+        lines = [json.dumps(json.loads(p.read_text())) for _, p in done]
         write_text_atomic(self.dir / "metrics.jsonl", "".join(x + "\n" for x in lines))

@@ -51,14 +51,19 @@ def interleaved(records: Iterable[tuple[str, Trajectory | Judgment]]
     then their judgments in the same order). A stream without any judgment is a plain
     trajectories file: each task group is yielded unjudged as soon as it is complete."""
     pending: deque[tuple[str, Trajectory]] = deque()
-    judged_any = False
+    judged_any, released = False, None  # where the first task passed on unjudged began
     for where, rec in records:
         if isinstance(rec, Trajectory):
             if pending and not judged_any and pending[0][1].task_id != rec.task_id:
+                released = released or pending[0]
                 while pending:  # no judgment so far: a plain trajectories file
                     yield (*pending.popleft(), None)
             pending.append((where, rec))
             continue
+        if released is not None:
+            raise RlanyError(f"judgment for '{rec.traj_id}', but task '{released[1].task_id}' "
+                             f"({released[0]}) had none: a stream judges every task or none",
+                             where=where)
         judged_any = True
         if not pending:
             raise RlanyError(f"judgment for '{rec.traj_id}' comes before its trajectory",
@@ -148,8 +153,9 @@ def _task(traj: Trajectory) -> str:
 def groups(items: Iterable[tuple[str, Trajectory, Judgment | None]]
             ) -> Iterator[list[tuple[str, Trajectory, Judgment | None]]]:
     """Consecutive trajectories of one task; a task seen again after others, a trajectory
-    id seen twice, or trajectories of one task id that answer different tasks (their
-    `task_sha256`, where they carry one: two pools mixed) are refused."""
+    id seen twice, trajectories of one task id that answer different tasks (their
+    `task_sha256`, where they carry one: two pools mixed) or come from another iteration or
+    policy (two rollouts' files concatenated) are refused."""
     seen: set[str] = set()
     group: list[tuple[str, Trajectory, Judgment | None]] = []
     for item in items:
@@ -178,6 +184,14 @@ def _check_member(group: list[tuple[str, Trajectory, Judgment | None]], traj: Tr
         raise RlanyError(f"duplicate trajectory '{traj.traj_id}' (first at {first})",
                          where=where, hint="each trajectory once: a record repeated would "
                          "count and train twice")
+    head_where, head = group[0][0], group[0][1]
+    if (traj.iteration, traj.policy) != (head.iteration, head.policy):
+        what = (f"iteration {traj.iteration}" if traj.iteration != head.iteration else
+                f"policy {traj.policy}")
+        raise RlanyError(f"trajectory '{traj.traj_id}' is of {what}; its task group began "
+                         f"at {head_where} with another (iteration {head.iteration}): two "
+                         "rollouts are mixed", where=where, hint="score one rollout's file "
+                         "at a time")
     task = traj.extra.get(TASK_SHA256)
     other = next(((w, t) for w, t, _ in group if t.extra.get(TASK_SHA256) not in (None, task)),
                  None)

@@ -15,96 +15,15 @@ pooled, Wilson; the rest a t-interval), drawn as the research plots draw theirs
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from pathlib import Path
 from statistics import fmean
 
 from rlany.errors import RlanyError
 from rlany.outputs import write_text_atomic
+from rlany.stages.report_read import PLOTS, load_run
 
-PLOTS = [
-    ("train_acc", "train accuracy (rollouts)"),
-    ("eval_success", "eval success rate"),
-    ("eval_judge_step_accuracy", "judge step accuracy (eval)"),
-    ("judge_label_accuracy", "judge step accuracy (judged rollouts)"),
-    ("judge_parse_fail_rate", "judge unparseable rate"),
-    ("accepted_tasks", "accepted new tasks"),
-    # the environment loop (flattened from metrics' env_loop by `env_rows`)
-    ("pool_difficulty", "pool difficulty (the env's first measure, mean)"),
-    ("adapted_share", "share of the pool adapted"),
-    ("candidate_acc", "success on decided candidates"),
-    ("candidate_parent_acc", "their parents' success"),
-    ("policy_loss", "policy loss"),
-]
-
-
-def load_run(run: Path) -> dict:
-    metrics = run / "metrics.jsonl"
-    if run.exists() and not run.is_dir():
-        raise RlanyError("not a directory: a run directory is runs/NAME", where=str(run))
-    if not metrics.exists():
-        raise RlanyError("no metrics.jsonl: not a loop run directory (or no iteration "
-                         "finished yet)", where=str(run))
-    rows = []
-    for lineno, line in enumerate(_text(metrics).splitlines(), 1):
-        if line.strip():
-            row = _json(line, f"{metrics}:{lineno}")
-            if not isinstance(row, dict) or isinstance(row.get("iteration"), bool) or \
-                    not isinstance(row.get("iteration"), int):
-                raise RlanyError("a metrics line is an object with an integer 'iteration'",
-                                 where=f"{metrics}:{lineno}", hint="metrics.jsonl is rebuilt "
-                                 "from iter_*/done.json by rerunning `rlany loop`")
-            bad = [k for k, _ in PLOTS if row.get(k) is not None and not _number(row[k])]
-            seconds = row.get("seconds", {})
-            if not isinstance(seconds, dict) or not all(map(_number, seconds.values())):
-                bad.append("seconds")
-            if bad:
-                raise RlanyError(f"{', '.join(bad)}: not a number", where=f"{metrics}:{lineno}")
-            wrong = _interval_problem(row)
-            if wrong:
-                raise RlanyError(wrong, where=f"{metrics}:{lineno}", hint="metrics.jsonl is "
-                                 "rebuilt from iter_*/done.json by rerunning `rlany loop`")
-            rows.append(env_rows(row))
-    base, init = run / "eval_base.json", run / "eval_init.json"
-    evals = sorted(run.glob("iter_*/eval.json"))
-    return {"name": run.name, "rows": rows,
-            "base": _eval(base) if base.exists() else None,
-            "init": _eval(init) if init.exists() else None,
-            "final": _eval(evals[-1]) if evals else None,
-            "final_iteration": int(evals[-1].parent.name[5:]) if evals else None}
-
-
-def _interval_problem(row: dict) -> str | None:
-    """What is wrong with a metrics line's 95% intervals (`KEY_ci95`), or None: each is
-    null or [lo, hi], two finite numbers with lo <= KEY <= hi (where KEY is a number),
-    as the plots' error bars and bands need."""
-    for key, ci in row.items():
-        if not key.endswith("_ci95") or ci is None:
-            continue
-        if not (isinstance(ci, list) and len(ci) == 2 and all(map(_number, ci))
-                and all(map(math.isfinite, ci))):
-            return f"{key}: an interval is [lo, hi], two finite numbers, not {json.dumps(ci)[:60]}"
-        value = row.get(key.removesuffix("_ci95"))
-        if not ci[0] <= ci[1] or (_number(value) and not ci[0] <= value <= ci[1]):
-            return f"{key}: the interval {ci} does not hold {key.removesuffix('_ci95')} {value}"
-    return None
-
-
-def env_rows(row: dict) -> dict:
-    """A metrics row with the env loop's numbers lifted to the top level for the panels:
-    pool_difficulty (the first measure the env reports, e.g. household's plan_length),
-    adapted_share, candidate_acc and candidate_parent_acc."""
-    env = row.get("env_loop")
-    if not isinstance(env, dict):
-        return row
-    difficulty = env.get("difficulty") if isinstance(env.get("difficulty"), dict) else {}
-    first = next(iter(difficulty.values()), None)
-    lifted = {"pool_difficulty": first, **{k: env.get(k) for k in (
-        "adapted_share", "candidate_acc", "candidate_parent_acc")}}
-    return {**row, **{k: v for k, v in lifted.items() if _number(v)}}
-
+__all__ = ["PLOTS", "load_run", "write_report"]
 
 def env_table(run: dict) -> str | None:
     """The env loop per iteration (only a run that adapts has one)."""
@@ -219,39 +138,6 @@ def draw_panel(ax, panel: list[dict], title: str, xlabel: str, colors: dict | No
         ax.legend(fontsize=7)
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise RlanyError("not UTF-8 text", where=str(path)) from None
-
-
-def _json(text: str, where: str):
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise RlanyError(f"invalid JSON: {e}", where=where) from None
-
-
-def _eval(path: Path) -> dict:
-    """An eval.json as the report reads it: success_rate in [0, 1]; where present,
-    trajectories an integer >= 0 and success_ci95 two numbers."""
-    data = _json(_text(path), str(path))
-    ok = isinstance(data, dict) and _number(data.get("success_rate")) and \
-        0 <= data["success_rate"] <= 1
-    n, ci = (data.get("trajectories"), data.get("success_ci95")) if ok else (None, None)
-    ok = ok and (n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 0)) \
-        and (ci is None or (isinstance(ci, list) and len(ci) == 2 and all(map(_number, ci))))
-    if not ok:
-        raise RlanyError("not an eval summary (success_rate in [0, 1], trajectories >= 0, "
-                         "success_ci95 two numbers)", where=str(path))
-    return data
-
-
 def check_report_dir(out: Path) -> None:
     """The report writes into a new or empty directory, or over an earlier report (one
     holding report.md): never into a directory of other files."""
@@ -333,6 +219,11 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    seen: dict[Path, str] = {}
+    for d in run_dirs:  # one run twice would count as two seeds
+        if Path(d).resolve() in seen:
+            raise RlanyError(f"given twice (first as {seen[Path(d).resolve()]})", where=d)
+        seen[Path(d).resolve()] = d
     runs = [load_run(Path(d)) for d in run_dirs]
     check_report_dir(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -93,10 +93,10 @@ def rm_samples(scored: Iterable[Scored]) -> Iterator[RawSample]:
 def sft_samples(trajectories: Iterable[Trajectory], all_outcomes: bool = False
                 ) -> Iterator[RawSample]:
     """Warm-start samples: every step of each successful trajectory (every trajectory with
-    `all_outcomes`) with a prompt, weight 1; a step that raised in the env is skipped."""
+    `all_outcomes`, but an errored one) with a prompt, weight 1."""
     for traj in trajectories:
-        if traj.outcome != 1 and not all_outcomes:
-            continue
+        if traj.outcome != 1 and not all_outcomes or traj.finish == "error":
+            continue  # an errored episode, even with all outcomes: the env failed, not it
         for step in traj.steps:
             # an empty response (the expert had no plan from there) would teach stopping
             if step.prompt_messages and step.response and "error" not in step.info:
