@@ -54,13 +54,16 @@ def compare(out: Path, rewriters: tuple[str, ...], alpha_high: float) -> dict:
     stats = {}
     for line in (out / "task_stats.jsonl").read_text().splitlines():
         s = json.loads(line)
-        stats[s["task_id"]] = s["acc"]
+        if (s.get("extra") or {}).get("ran", 1) > 0:  # every episode errored: no accuracy
+            stats[s["task_id"]] = s["acc"]
     rows = {}
     for rw in rewriters:
         for line in (out / f"{rw}.jsonl").read_text().splitlines():
             c = json.loads(line)
             parent = c["lineage"]["parent_id"]
             pacc = c["candidate"]["parent_acc"]
+            if c["task_id"] not in stats:  # never ran: the pair is left out, not a zero
+                continue
             acc = stats[c["task_id"]]
             ok = acc > 0 and pacc < acc < alpha_high if c["lineage"]["direction"] == "easier" \
                 else 0.2 < acc < pacc

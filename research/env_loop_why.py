@@ -80,7 +80,8 @@ def originals(run: Path) -> list[dict]:
             break
         tasks = {t["task_id"]: t for t in read_rows(d / "rollout_tasks.jsonl")
                  if not (t.get("lineage") or {}).get("version")}  # version 0: never rewritten
-        trajs = [t for t in read_rows(d / "trajectories.jsonl") if t["task_id"] in tasks]
+        trajs = [t for t in read_rows(d / "trajectories.jsonl") if t["task_id"] in tasks
+                 and t.get("finish") != "error"]  # an env failure is no episode of the policy
         n = len(trajs)
         took = sum(took_goal_object(t, tasks[t["task_id"]]["spec"]["goal"]["object"])
                    for t in trajs)

@@ -47,6 +47,8 @@ def per_page(tasks: Path, trajectories: Path) -> dict:
     counts = defaultdict(lambda: [0, 0])
     for ln in trajectories.read_text().splitlines():
         t = json.loads(ln)
+        if t.get("finish") == "error":  # the browser failed: no episode of the policy
+            continue
         counts[page[t["task_id"]]][0] += t.get("outcome", 0) > 0
         counts[page[t["task_id"]]][1] += 1
     return {k: f"{a}/{b}" for k, (a, b) in sorted(counts.items())}

@@ -58,7 +58,9 @@ def run(pages: list[str], seeds: list[int]) -> dict:
     for page in pages:
         mine = [t for t in trajs if t["task_id"].rsplit("-s", 1)[0] == page]
         verbs = Counter(verb(s.get("action")) for t in mine for s in t["steps"])
-        rows[page] = {"solved": sum(t["outcome"] == 1 for t in mine), "tried": len(mine),
+        errored = sum(t.get("finish") == "error" for t in mine)  # the browser's, not its
+        rows[page] = {"solved": sum(t["outcome"] == 1 for t in mine),
+                      "tried": len(mine) - errored, "errored": errored,
                       "steps": sum(len(t["steps"]) for t in mine), "verbs": dict(verbs),
                       "new": page in NEW}
     return {"seeds": seeds, "seconds": round(seconds, 1), "pages": rows}

@@ -178,6 +178,27 @@ def test_a_scored_record_holding_a_step_twice_is_refused(scored, tmp_path, cli):
     assert "in.jsonl:3:" in line and "step 0 twice" in line
 
 
+def test_engine_logprobs_of_another_adapter_than_training_starts_from_are_refused(
+        scored, tmp_path, cli):
+    """PPO's pre-update log-probs from generation are the sampling policy's: records sampled
+    by iter_000's adapter, trained from the base model, would measure the ratio and the KL
+    against another policy. Refused at the record; `--old-logprobs recompute` trains."""
+    rows = [to_json(r) for r in scored[0]]
+    for row in rows:
+        row["policy"] = {"model": "m", "adapter": "runs/a/iter_000/policy"}
+        for step in row["steps"]:
+            step["logprobs"] = [-0.5] * len(step.get("token_ids") or [1])
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    line = one_line(cli("train-policy", "-i", str(data), "-o", str(tmp_path / "out"),
+                        "--model", str(tmp_path / "no-model")), 1)
+    assert "in.jsonl:1:" in line and "sampled by adapter runs/a/iter_000/policy, but " \
+        "training starts from None" in line and not (tmp_path / "out").exists()
+    line = one_line(cli("train-policy", "-i", str(data), "-o", str(tmp_path / "out"),
+                        "--model", str(tmp_path / "no-model"), "--old-logprobs",
+                        "recompute"), 1)
+    assert "sampled by" not in line   # past the check: it fails at the missing model
+
+
 def test_judge_and_score_inputs_with_a_record_repeated_are_refused(tmp_path, cli):
     trajs = [make_traj("t", i, 1 if i else -1) for i in range(3)]
     judgments = [make_judgment(t, [[1]]) for t in trajs]

@@ -237,6 +237,10 @@ def test_config_errors(tmp_path, monkeypatch):
         bad.write_text(f'name = "x"\ntasks = "t.jsonl"\n[{table}]\nfull = true\n')
         with pytest.raises(RlanyError, match=rf"\[{table}\] full = true"):
             load_config(str(bad))
+    # score needs every step judged: last steps alone would fail it after rollout and judge
+    bad.write_text('name = "x"\ntasks = "t.jsonl"\n[judge]\nlast_step_only = true\n')
+    with pytest.raises(RlanyError, match=r"\[judge\] last_step_only = true: score gives"):
+        load_config(str(bad))
 
 
 def test_set_overrides_a_table_or_top_level_key(tmp_path, cli, monkeypatch):

@@ -199,6 +199,10 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
                              "with LoRA adapters and cannot load a fully fine-tuned model",
                              where=cfg.path, hint="use LoRA in the loop; `rlany train-policy "
                              "--full` works as a stage on its own")
+    if cfg.tables.get("judge", {}).get("last_step_only"):  # score needs every step's
+        raise RlanyError("[judge] last_step_only = true: score gives step rewards to every "
+                         "step, so it refuses judgments of the last step alone", where=cfg.path,
+                         hint="to measure a judge on last steps: [eval] judge_last_step_only")
     _resolve(cfg, overrides)
     for table in tables:  # every stage's options, checked before anything runs
         cfg.options(table, **_placeholders(tables[table].options))

@@ -133,6 +133,8 @@ def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
 
     kept, low, high = 0, None, None  # (token id, where): the extreme recorded token ids
     for where, record in once(JsonlReader(path, *plan.records, name=opts.input)):
+        if plan.kind == "policy":
+            _check_sampled_by(record, where, opts)
         for sample in _located(plan.extract([record]), where):
             kept += 1
             if not sample.messages:
@@ -146,6 +148,24 @@ def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
     if low is not None and low[0] < 0:
         raise RlanyError(f"token id {low[0]} is negative", where=low[1])
     return high
+
+
+def _check_sampled_by(record, where: str, opts: TrainFields) -> None:
+    """PPO's pre-update log-probs taken from generation (`--old-logprobs` auto or
+    generation) are the sampling policy's: a record carrying them must have been sampled
+    by the adapter this training starts from, else the ratio and the KL would measure
+    against another policy, silently."""
+    if getattr(opts, "old_logprobs", "recompute") == "recompute" or not any(
+            s.keep and s.logprobs for s in record.steps):
+        return
+    sampled, start = (record.policy or {}).get("adapter"), opts.adapter
+    same = (sampled is None) == (start is None) and (
+        sampled is None or Path(sampled).resolve() == Path(start).resolve())
+    if not same:
+        raise RlanyError(f"sampled by adapter {sampled}, but training starts from {start}: "
+                         "its engine log-probs are another policy's", where=where,
+                         hint="train from the adapter that sampled it, or pass "
+                         "--old-logprobs recompute")
 
 
 def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
