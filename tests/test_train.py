@@ -216,6 +216,27 @@ def test_lr_schedules_by_hand():
     assert lr_at(1.0, "linear", 0, 1) == 1.0  # one step: the full rate
 
 
+def test_a_resume_whose_start_weights_were_rewritten_in_place_is_refused(tmp_path):
+    """The resume key holds the base model and start adapter by content too: the same
+    path holding other weights is another start, not the interrupted training's."""
+    from rlany.training import state
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"one")
+    meta = {"data_sha256": "x", "base_model": str(model), "init_adapter": None}
+    opts = TrainOptions(output="unused", lr=1e-2)
+    partial = tmp_path / "out.partial"
+    partial.mkdir()
+    (partial / "state.json").write_text(json.dumps(
+        {"step": 2, "data_sha256": "x", "plan": None, "update": state.update_key(opts, meta)}))
+    assert state.saved_step(partial, meta, None, state.update_key(opts, meta)) == 2
+    (model / "model.safetensors").write_bytes(b"two")
+    with pytest.raises(RlanyError, match="start's weights were rewritten in place"):
+        state.saved_step(partial, meta, None, state.update_key(opts, meta))
+
+
 @pytest.mark.parametrize("schedule", ["constant", "linear"])
 def test_resume_continues_from_the_saved_step(tiny_model, tmp_path, schedule):
     full, full_logs = _train(tiny_model, tmp_path, "full", micro_batch=2, grad_accum=1,

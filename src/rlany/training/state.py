@@ -52,8 +52,13 @@ UPDATE_FLAGS = ("lr", "lr_schedule", "max_grad_norm", "weight_decay", "full", "l
 
 def update_key(opts, meta: dict) -> dict:
     """What an interrupted training must share with its resume beyond data and plan: the
-    base model, the adapter it started from, the objective and the update's flags."""
+    base model and the adapter it started from (by path and by content: rewritten in place
+    is another start), the objective and the update's flags."""
+    from rlany.stageio import weights_content
+
     return {"model": meta.get("base_model"), "adapter": meta.get("init_adapter"),
+            "weights": weights_content({"model": meta.get("base_model"),
+                                        "adapter": meta.get("init_adapter")}),
             "objective": meta.get("objective"),
             **{k: getattr(opts, k) for k in UPDATE_FLAGS if hasattr(opts, k)}}
 
@@ -71,7 +76,8 @@ def saved_step(partial: Path, meta: dict, plan: str | None = None,
         raise RlanyError("an interrupted training of other data is in the way",
                          where=str(partial), hint="delete it to start over")
     was = state.get("update") if isinstance(state.get("update"), dict) else None
-    changed = [f"--{k.replace('_', '-')} {was.get(k)} -> {v}" for k, v in
+    changed = [f"--{k.replace('_', '-')} {was.get(k)} -> {v}" if k != "weights" else
+               "the start's weights were rewritten in place" for k, v in
                (update or {}).items() if was is not None and k in was and was[k] != v]
     if changed:  # older states recorded none
         raise RlanyError(f"an interrupted training with other settings is in the way "
