@@ -49,7 +49,7 @@ def task_account(trajs: list[Trajectory], limit: int,
     marked = marked or {}
     wins = sum(t.outcome == 1 for t in trajs)
     # errored episodes (the env failed, not the policy) last: they say least of the task
-    ordered = sorted(trajs, key=lambda t: (t.finish == "error", t.outcome == 1, t.sample))
+    ordered = sorted(trajs, key=lambda t: (errored(t), t.outcome == 1, t.sample))
     chosen: list[str] = []
     for t in ordered:
         if len(chosen) == limit:

@@ -159,9 +159,8 @@ def _check_sampled_by(record, where: str, opts: TrainFields) -> None:
             s.keep and s.logprobs for s in record.steps):
         return
     sampled, start = (record.policy or {}).get("adapter"), opts.adapter
-    same = (sampled is None) == (start is None) and (
-        sampled is None or Path(sampled).resolve() == Path(start).resolve())
-    if not same:
+    here, there = (None if p is None else Path(p).resolve() for p in (sampled, start))
+    if here != there:
         raise RlanyError(f"sampled by adapter {sampled}, but training starts from {start}: "
                          "its engine log-probs are another policy's", where=where,
                          hint="train from the adapter that sampled it, or pass "
