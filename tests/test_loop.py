@@ -288,6 +288,7 @@ def test_report_writes_plots_and_tables(tmp_path, cli):
     (run / "iter_002").mkdir()
     (run / "iter_002" / "eval.json").write_text(json.dumps(
         {"success_rate": 0.375, "trajectories": 128, "success_ci95": [0.3, 0.46]}))
+    (run / "iter_002" / "done.json").write_text("{}")
     assert cli("report", str(run)).returncode == 0
     md = (run / "report" / "report.md").read_text()
     assert "gain +0.250, 95% interval +0.145 to +0.348 (above the base model beyond noise)" in md

@@ -85,7 +85,7 @@ def test_seeds_of_one_arm_are_one_line_with_a_band(tmp_path):
 
 def test_a_run_is_read_as_the_loop_wrote_it_and_nothing_twice(tmp_path):
     """Iterations by number (iter_1000 after iter_999), a copied `iter_003.old` no
-    iteration, an iteration twice in metrics.jsonl or a run given twice refused (each would
+    iteration, an unfinished one (no done.json) not the final, an iteration twice in metrics.jsonl or a run given twice refused (each would
     count twice), and no gain across two task sets."""
     import pytest
 
@@ -93,9 +93,12 @@ def test_a_run_is_read_as_the_loop_wrote_it_and_nothing_twice(tmp_path):
     from rlany.jsonl import meta_path
 
     run = _run(tmp_path, "a", [0.1, 0.2, 0.3])
-    for name, rate in (("iter_999", 0.3), ("iter_1000", 0.4), ("iter_1000.old", 0.9)):
+    for name, rate in (("iter_999", 0.3), ("iter_1000", 0.4), ("iter_1000.old", 0.9),
+                       ("iter_1001", 0.8)):
         (run / name).mkdir()
         (run / name / "eval.json").write_text(json.dumps({"success_rate": rate}))
+        if name != "iter_1001":  # killed before its done.json: not the run's final
+            (run / name / "done.json").write_text("{}")
     got = load_run(run)
     assert (got["final_iteration"], got["final"]["success_rate"]) == (1000, 0.4)
     with pytest.raises(RlanyError, match="given twice") as e:

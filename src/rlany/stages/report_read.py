@@ -1,6 +1,7 @@
 """Reading a loop's run directory for `rlany report`: metrics.jsonl's rows (one per
 iteration, each checked: numbers, intervals, no iteration twice), the base, warm-start and
-final evaluations (`iter_N/eval.json`, N a number; the base and the final evaluated on the
+final evaluations (`iter_N/eval.json`, N a number, of an iteration whose done.json exists:
+a killed run's unfinished iteration is not its final; the base and the final evaluated on the
 same tasks, by their sidecars' sha256). Anything malformed is one line naming the file."""
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def load_run(run: Path) -> dict:
         raise RlanyError("no metrics.jsonl: not a loop run directory (or no iteration "
                          "finished yet)", where=str(run))
     base, init = run / "eval_base.json", run / "eval_init.json"
-    evals = sorted((int(m[1]), p) for p in run.glob("iter_*/eval.json")
-                   if (m := ITERATION.match(p.parent.name)))  # by number: 999 before 1000
+    evals = sorted((int(m[1]), p) for p in run.glob("iter_*/eval.json")  # 999 before 1000
+                   if (m := ITERATION.match(p.parent.name))
+                   and (p.parent / "done.json").exists())  # finished, as metrics' rows are
     if evals and base.exists():
         _same_tasks(base, evals[-1][1])
     return {"name": run.name, "rows": _rows(metrics),
