@@ -191,6 +191,13 @@ def test_eval_shards_join_to_the_unsharded_summary(files):
     meta = json.loads((d / "joined.meta.json").read_text())
     assert meta["counts"]["shards"] == 3 and meta["flags"]["shard"] is None
     assert meta["flags"]["n"] == 2 and meta["flags"]["join"] == "-"
+    # its first input is the tasks the shards ran, as the unsharded one's: `report` reads a
+    # gain across a sharded and an unsharded evaluation by it
+    tasks = json.loads((d / "e.meta.json").read_text())["inputs"][0]
+    assert {k: meta["inputs"][0][k] for k in ("path", "sha256")} == {
+        k: tasks[k] for k in ("path", "sha256")}
+    from rlany.stages.report_read import _same_tasks
+    _same_tasks(d / "e.json", d / "joined.json")
     # a file of the concatenated summaries does too; -o - prints the summary
     (d / "all.json").write_text(cat)
     out = rlany("eval", "--join", str(d / "all.json"), "-o", "-")[1]

@@ -316,7 +316,8 @@ def _judge_sums(groups: list[list[Trajectory]], engine, batch_tasks: int, jopts)
 def join(opts: EvalOptions) -> dict:
     """`--join`: the unsharded summary from the shards' summaries (`rlany.shards`): their
     task rows in shard order and their counts added up, through `summary_of`; adapter checks
-    are every shard's, wall_time_s the slowest shard's."""
+    are every shard's, wall_time_s the slowest shard's; the sidecar's first input is the
+    tasks file the shards ran (an unsharded eval's only one)."""
     from rlany import shards
     from rlany.options import flag
     from rlany.provenance import sha256_file
@@ -344,7 +345,10 @@ def join(opts: EvalOptions) -> dict:
                          where=opts.join) from None
     flags = {**(first["shard"].get("flags") or {}), "shard": None, "trajectories": None,
              "output": opts.output, "join": opts.join}
-    inputs = [{"path": opts.join, "sha256": sha256_file(path), "records": len(parts)}]
+    # the tasks the shards ran first, as an unsharded eval's sidecar has them (`report`
+    # compares evaluations by it), then the summaries joined
+    inputs = [dict(first["shard"]["input"]),
+              {"path": opts.join, "sha256": sha256_file(path), "records": len(parts)}]
     _write(summary, opts.output, ks, flags=flags, inputs=inputs, started=started,
            counts={"shards": len(parts)})
     return summary
