@@ -65,8 +65,9 @@ def test_judge_labels_writes_the_env_labels_as_verdicts(tmp_path, cli):
             "--n", "3", "--max-steps", "4", "--history-turns", "1")
     assert r.returncode == 0, r.stderr
     out = tmp_path / "judgments.jsonl"
-    r = cli("judge", "-i", str(steps), "-o", str(out), "--labels", "--m", "1",
-            "--max-tokens", "0", "--history-steps", "1", "--obs-lines", "1")
+    (tmp_path / "labels" / "sub").mkdir(parents=True)  # a folder named as the no-model is
+    r = cli("judge", "-i", str(steps), "-o", str(out), "--labels", "--m", "1",  # not it
+            "--max-tokens", "0", "--history-steps", "1", "--obs-lines", "1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     trajs, judgments = read_jsonl(steps), read_jsonl(out)
     assert [j["traj_id"] for j in judgments] == [t["traj_id"] for t in trajs]
@@ -79,6 +80,7 @@ def test_judge_labels_writes_the_env_labels_as_verdicts(tmp_path, cli):
     meta = json.loads((tmp_path / "judgments.meta.json").read_text())
     assert meta["counts"]["label_accuracy"] == 1.0
     assert meta["flags"]["engine_resolved"]["engine"] == "labels"
+    assert meta["flags"]["content"] == {}  # no weights: nothing named by content
     # the judge's prompts are the model judge's (same flags, same messages)
     from rlany.prompts import step_prompts
     from rlany.records import Trajectory, from_json

@@ -194,6 +194,17 @@ def test_an_unwritable_directory_is_one_line(tmp_path, scored_inputs, monkeypatc
     assert code == 1 and f"{tmp_path}: read-only file system" in stderr, stderr
 
 
+def test_an_oserror_with_a_message_only_is_that_message_not_stdout():
+    """FileNotFoundError("x: no weights") (no errno, no filename) is raised by code with a
+    message of its own: the line is that message, not a failed write to stdout."""
+    from rlany.cli import os_error_line
+
+    assert os_error_line(FileNotFoundError("/m/labels: no model files")) == \
+        "/m/labels: no model files"
+    assert os_error_line(OSError(errno.ENOSPC, "No space left on device")).startswith(
+        "<stdout>: ")
+
+
 def _rlany(*args):
     return [sys.executable, "-m", "rlany", *args]
 

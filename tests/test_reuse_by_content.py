@@ -192,7 +192,11 @@ def test_large_file_digests_are_remembered_across_processes(tmp_path, monkeypatc
     monkeypatch.setenv("RLANY_CACHE", str(tmp_path / "cache"))
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"a" * (1 << 20))
-    first = models.file_digest(weights)
+    first = models.file_digest(weights)        # just written: a rewrite within the same
+    assert not (tmp_path / "cache" / "digests.jsonl").exists()  # timestamp tick keeps the
+    assert str(weights.resolve()) not in {k[0] for k in models._DIGESTS}  # key: not kept
+    monkeypatch.setattr(models, "_SETTLED_NS", 0)
+    assert models.file_digest(weights) == first   # as if written 2 s ago: kept
     assert len((tmp_path / "cache" / "digests.jsonl").read_text().splitlines()) == 1
     monkeypatch.setattr(models, "_DIGESTS", {})          # as a fresh process
     monkeypatch.setattr(models, "_LOADED", [])
@@ -203,5 +207,6 @@ def test_large_file_digests_are_remembered_across_processes(tmp_path, monkeypatc
     assert models.file_digest(weights) == first
     monkeypatch.undo()
     monkeypatch.setenv("RLANY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_SETTLED_NS", 0)
     weights.write_bytes(b"b" * (1 << 20))
     assert models.file_digest(weights) != first

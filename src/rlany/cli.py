@@ -285,6 +285,8 @@ _OS_ERRORS = {  # errno -> (what, hint) for the machine's state, said once for e
 def os_error_line(e: OSError) -> str:
     """One line for an OSError a user or the machine caused (a full disk, a read-only or
     forbidden directory, a closed pipe): `path: what (hint)`."""
+    if e.errno is None and e.filename is None:  # raised with a message of its own only
+        return RlanyError(str(e) or type(e).__name__).one_line()
     what, hint = _OS_ERRORS.get(e.errno, (e.strerror or type(e).__name__, None))
     if e.filename is None:  # stdout: there is no output file to speak of
         return RlanyError(what, where="<stdout>").one_line()
@@ -355,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:  # the machine's state or a path the user gave: never a bug report
         if debug:
             raise
-        if e.filename is None:  # a write to stdout (a full device)
+        if e.filename is None and e.errno is not None:  # a write to stdout (a full device)
             _quiet_stdout()
         console.print(f"[red]error:[/] {escape(os_error_line(e))}", soft_wrap=True)
         code = 1

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from rlany.errors import RlanyError
@@ -66,6 +67,7 @@ _NOT_MODEL = ("*.md", "LICENSE*", "NOTICE*", ".*")
 _DIGESTS: dict[tuple, str] = {}  # file digests, by what any write changes
 _REMEMBER_BYTES = 1 << 20  # files this large are remembered across processes (digests.jsonl)
 _LOADED: list[bool] = []  # whether this process has read digests.jsonl
+_SETTLED_NS = 2 * 10**9  # a file younger than this is hashed each time (never kept)
 
 
 def file_digest(path: str | Path) -> str:
@@ -73,19 +75,30 @@ def file_digest(path: str | Path) -> str:
     (path, device, inode, size, mtime_ns, ctime_ns), and a write changes mtime and ctime
     (ctime cannot be set back by a user: `touch -r` does not hide a write). Digests of files
     of 1 MiB or more are remembered across processes in the cache's `digests.jsonl`, so
-    every stage can name its weights by content without rereading a large model."""
+    every stage can name its weights by content without rereading a large model. A file
+    written in the last 2 s is hashed each time (a write within a timestamp's tick)."""
     from rlany.provenance import sha256_file
 
-    st = os.stat(path)
-    key = (str(Path(path).resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-           st.st_ctime_ns)
-    if key not in _DIGESTS and st.st_size >= _REMEMBER_BYTES:
+    key = _stat_key(path)
+    if key not in _DIGESTS and key[3] >= _REMEMBER_BYTES:
         _load_remembered()
-    if key not in _DIGESTS:
-        _DIGESTS[key] = sha256_file(path)
-        if st.st_size >= _REMEMBER_BYTES:
-            _remember(key, _DIGESTS[key])
-    return _DIGESTS[key]
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    digest = sha256_file(path)
+    # "racily clean" (git's rule): timestamps tick coarsely (ms, on some filesystems s), so
+    # a rewrite of the same size within one tick keeps the key; a digest is kept only for a
+    # file unchanged for _SETTLED_NS before it was hashed and while it was
+    if time.time_ns() - max(key[4], key[5]) >= _SETTLED_NS and _stat_key(path) == key:
+        _DIGESTS[key] = digest
+        if key[3] >= _REMEMBER_BYTES:
+            _remember(key, digest)
+    return digest
+
+
+def _stat_key(path: str | Path) -> tuple:
+    st = os.stat(path)
+    return (str(Path(path).resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+            st.st_ctime_ns)
 
 
 def weights_digest(path: str | None) -> str | None:

@@ -254,25 +254,33 @@ def engine_flags(opts: Any, engine: Any) -> dict:
     if "dtype" in flags and resolved_engine(flags) in WEIGHT_ENGINES:
         from rlany.compat import resolve_dtype
         flags["dtype_resolved"] = resolve_dtype(flags["dtype"])
-    flags["content"] = weights_content(flags)
+    # a served model's or a no-model name is no folder here that happens to share it
+    flags["content"] = weights_content(flags, resolved_engine(flags) in (*WEIGHT_ENGINES,
+                                                                          "fake"))
     return flags
 
 
-def weights_content(flags: dict) -> dict[str, str]:
+def weights_content(flags: dict, local: bool = True) -> dict[str, str]:
     """What the stage generates with, by content, not by name: the local model's files
     (`models.content_digest`; a fake engine's script) and each adapter's weights. A partial
     output made with weights since rewritten in place is then refused on resume (its header
     holds these), and the sidecar says what made the output. A served model or a hub id has
-    no local files: named only."""
+    no local files, nor has `rollout --expert`'s or `judge --labels`' name (`local` False:
+    the engine loads no weights here): named only."""
+    from rlany.errors import RlanyError
     from rlany.models import content_digest, weights_digest
 
-    out = {}
-    model = flags.get("model")
-    if isinstance(model, str) and Path(model).exists():
-        out["model"] = content_digest(model)
-    for key in ("adapter", "judge_adapter"):
-        if flags.get(key):
-            out[key] = weights_digest(str(flags[key]))
+    out, model = {}, flags.get("model")
+    digests = [("model", model, content_digest)] if local and isinstance(model, str) and \
+        Path(model).exists() else []
+    digests += [(k, str(flags[k]), weights_digest) for k in ("adapter", "judge_adapter")
+                if flags.get(k)]
+    for key, path, digest in digests:
+        try:
+            out[key] = digest(path)
+        except OSError as e:
+            raise RlanyError(f"its files cannot be read to name it by content ({e})",
+                             where=path) from None
     return out
 
 
