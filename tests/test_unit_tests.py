@@ -107,6 +107,29 @@ def test_an_errored_episode_is_not_judged_nor_rerun(sum_task, monkeypatch):
     assert counts["tests_valid"] == 2 and counts["tests_discriminating"] == 1
 
 
+def test_a_jail_that_does_not_start_skips_that_program_only(sum_task, monkeypatch):
+    """The judge runs each program in its own jail: one that did not start (bwrap's setup
+    failed, a hang before the program ran) is that judgment's `skipped`, not the stage's
+    failure, and the other programs' verdicts stand."""
+    from rlany import sandbox
+    from rlany.envs.coding import extract_code
+
+    trajs, want, _ = roll_and_judge(sum_task, [RIGHT, WRONG, RIGHT], TESTS)
+    real = sandbox.run_tests
+
+    def flaky(code, inputs, limits):
+        if code == extract_code(WRONG):
+            raise sandbox.SandboxFailed("the jail did not start: exit 1: bwrap: setting up")
+        return real(code, inputs, limits)
+    monkeypatch.setattr(sandbox, "run_tests", flaky)
+    rm = FakeEngine(lambda req, k: TESTS[k])
+    judged = [j for g in judge(trajs, rm, JudgeOptions(m=len(TESTS), mode="unit-tests"))
+              for j in g]
+    assert [bool(j.steps) for j in judged] == [True, False, True]
+    assert judged[1].skipped.startswith("the sandbox failed, no verdict: the jail did not")
+    assert [j.steps for j in judged[::2]] == [j.steps for j in want[::2]]
+
+
 def test_test_rewards_measure_separation(sum_task):
     trajs, judged, _ = roll_and_judge(sum_task, [RIGHT, WRONG, RIGHT, WRONG], TESTS)
     ((scored, stats),) = list(score_stream(((f"t:{k}", t) for k, t in enumerate(trajs)),

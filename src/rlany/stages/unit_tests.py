@@ -62,9 +62,11 @@ def unit_test_batch(batch: list[list[Trajectory]], engine: Engine, sampling: Sam
         judgments = []
         for traj in group:
             steps = []
-            if errored(traj):  # its program never ran to an answer: no verdict to give
+            jail = passed.get(traj.traj_id)
+            if errored(traj) or isinstance(jail, str):  # the program never ran to an
                 judgments.append(Judgment(traj_id=traj.traj_id, task_id=traj.task_id,
-                                          judge=judge_info, steps=[], skipped=ERRORED,
+                                          judge=judge_info, steps=[],  # answer: no verdict
+                                          skipped=jail if isinstance(jail, str) else ERRORED,
                                           mode="unit-tests",
                                           responses_sha256=responses_digest(traj.steps),
                                           extra=judgment_origin(traj)))
@@ -83,13 +85,17 @@ def unit_test_batch(batch: list[list[Trajectory]], engine: Engine, sampling: Sam
         yield judgments
 
 
-def _run_program(code: str, tests: list[dict], cpu_s: float) -> list[int]:
-    """+1 / -1 per test: does the program print the expected output?"""
+def _run_program(code: str, tests: list[dict], cpu_s: float) -> list[int] | str:
+    """+1 / -1 per test: does the program print the expected output? Where the jail did
+    not start (no program ran) why, for that judgment's `skipped`: the others still run."""
     if not tests:
         return []
-    from rlany.sandbox import Limits, outputs_match, run_tests
+    from rlany.sandbox import Limits, SandboxFailed, outputs_match, run_tests
 
-    results = run_tests(code, [t["input"] for t in tests], Limits(cpu_s=cpu_s))
+    try:
+        results = run_tests(code, [t["input"] for t in tests], Limits(cpu_s=cpu_s))
+    except SandboxFailed as e:
+        return f"the sandbox failed, no verdict: {e.message}"
     return [1 if r.status == "ok" and outputs_match(r.stdout, t["output"]) else -1
             for r, t in zip(results, tests)]
 
