@@ -45,7 +45,7 @@ arguments from each input schema, description), and each response is decoded int
 `name(arg="value")` or {"tool": name, "arguments": {...}}. A response that is no call to a
 listed tool (or misses a required argument) is not sent, and a call the server's tool
 refuses is not taken: either is shown back in one line and the episode goes on (a call
-that never reached its tool, MCP's transport_error or timeout, errors the episode).
+that never reached its tool, MCP's transport_error, errors the episode; a timeout goes on).
 `--constrain-actions` decodes exactly one call where every tool's required arguments are
 enums or booleans (the calls are then listed in full).
 

@@ -316,8 +316,10 @@ def _literal(node: ast.expr, name: str):
                       f"{name}=\"...\")") from None
 
 
-# MCP tool errors of the framework, not the tool or its arguments (openenv's ToolError)
-NOT_THE_POLICYS = ("transport_error:", "timeout:")
+# MCP tool errors of the framework, not the tool or its arguments (openenv's ToolError). Its
+# `timeout` is not one: MCPEnvironment's wait_for around the tool's own run (a code tool
+# running the policy's endless loop), answered like the tool's execution_error
+NOT_THE_POLICYS = ("transport_error:",)
 
 
 def show_result(observation: dict) -> tuple[str, str | None]:
