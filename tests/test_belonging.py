@@ -186,8 +186,9 @@ def test_engine_logprobs_of_another_adapter_than_training_starts_from_are_refuse
     rows = [to_json(r) for r in scored[0]]
     for row in rows:
         row["policy"] = {"model": "m", "adapter": "runs/a/iter_000/policy"}
-        for step in row["steps"]:
-            step["logprobs"] = [-0.5] * len(step.get("token_ids") or [1])
+        for step in row["steps"]:  # the sampled ids and the engine's log-prob of each
+            step["token_ids"] = step.get("token_ids") or [11, 12]
+            step["logprobs"] = [-0.5] * len(step["token_ids"])
     data = write_jsonl(tmp_path / "in.jsonl", rows)
     line = one_line(cli("train-policy", "-i", str(data), "-o", str(tmp_path / "out"),
                         "--model", str(tmp_path / "no-model")), 1)
@@ -197,6 +198,15 @@ def test_engine_logprobs_of_another_adapter_than_training_starts_from_are_refuse
                         "--model", str(tmp_path / "no-model"), "--old-logprobs",
                         "recompute"), 1)
     assert "sampled by" not in line   # past the check: it fails at the missing model
+    del rows[-1]["steps"][-1]["logprobs"]  # one sample without: auto recomputes them all
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    line = one_line(cli("train-policy", "-i", str(data), "-o", str(tmp_path / "out"),
+                        "--model", str(tmp_path / "no-model")), 1)
+    assert "sampled by" not in line
+    line = one_line(cli("train-policy", "-i", str(data), "-o", str(tmp_path / "out"),
+                        "--model", str(tmp_path / "no-model"), "--old-logprobs",
+                        "generation"), 1)    # which it is told not to: refused
+    assert "in.jsonl:1:" in line and "sampled by adapter" in line
 
 
 def test_judge_and_score_inputs_with_a_record_repeated_are_refused(tmp_path, cli):

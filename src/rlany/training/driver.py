@@ -132,17 +132,22 @@ def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
     from rlany.training.samples import once
 
     kept, low, high = 0, None, None  # (token id, where): the extreme recorded token ids
+    other, missing = None, False  # a record another adapter sampled; a sample without
     for where, record in once(JsonlReader(path, *plan.records, name=opts.input)):
-        if plan.kind == "policy":
-            _check_sampled_by(record, where, opts)
+        if plan.kind == "policy":                              # engine log-probs
+            other = other or _sampled_by_other(record, where, opts)
         for sample in _located(plan.extract([record]), where):
             kept += 1
+            ids, lps = getattr(sample, "token_ids", None), getattr(sample, "logprobs", None)
+            missing = missing or not (ids and lps and len(ids) == len(lps))
             if not sample.messages:
                 raise RlanyError("a kept sample has no prompt messages", where=where)
             if getattr(sample, "token_ids", None):
                 lo, hi = min(sample.token_ids), max(sample.token_ids)
                 low = (lo, where) if low is None or lo < low[0] else low
                 high = (hi, where) if high is None or hi > high[0] else high
+    if other and (getattr(opts, "old_logprobs", "auto") == "generation" or not missing):
+        raise other  # auto recomputes them all where one is missing: no refusal then
     if not kept:  # before the model loads: nothing to learn is an answer, not a crash
         raise NoSamples("no training samples", where=opts.input, hint=plan.hint)
     if low is not None and low[0] < 0:
@@ -150,21 +155,24 @@ def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
     return high
 
 
-def _check_sampled_by(record, where: str, opts: TrainFields) -> None:
+def _sampled_by_other(record, where: str, opts: TrainFields) -> RlanyError | None:
     """PPO's pre-update log-probs taken from generation (`--old-logprobs` auto or
     generation) are the sampling policy's: a record carrying them must have been sampled
     by the adapter this training starts from, else the ratio and the KL would measure
-    against another policy, silently."""
+    against another policy, silently. The refusal, where it was not; auto raises it only
+    where every sample carries engine log-probs (else they are all recomputed). The base
+    model is not compared: a served one is a name, not the path training loads."""
     if getattr(opts, "old_logprobs", "recompute") == "recompute" or not any(
             s.keep and s.logprobs for s in record.steps):
-        return
+        return None
     sampled, start = (record.policy or {}).get("adapter"), opts.adapter
     here, there = (None if p is None else Path(p).resolve() for p in (sampled, start))
-    if here != there:
-        raise RlanyError(f"sampled by adapter {sampled}, but training starts from {start}: "
-                         "its engine log-probs are another policy's", where=where,
-                         hint="train from the adapter that sampled it, or pass "
-                         "--old-logprobs recompute")
+    if here == there:
+        return None
+    return RlanyError(f"sampled by adapter {sampled}, but training starts from {start}: its "
+                      "engine log-probs are another policy's", where=where,
+                      hint="train from the adapter that sampled it, or pass "
+                      "--old-logprobs recompute")
 
 
 def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
