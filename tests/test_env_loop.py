@@ -98,6 +98,43 @@ def test_a_parent_takes_one_candidate_an_iteration():
     assert counts["rejected_by_reason"] == {"parent_replaced": len(replaced)}
 
 
+def test_a_decision_says_where_its_parents_accuracy_came_from():
+    """The parent rolled out beside its candidate (as the loop's rollout always does) is
+    compared under the same policy; a parent without stats falls back to its accuracy at
+    proposal, and the decision says which."""
+    from dataclasses import replace
+
+    from rlany.records import Lineage
+
+    pool = make_tasks(2, seed=5)
+    cand = replace(pool[0], task_id="c", extra={"candidate": {"parent_acc": 0.0}},
+                   lineage=Lineage(root_id=pool[0].task_id, parent_id=pool[0].task_id,
+                                   version=1, direction="easier"))
+    fresh = {"c": _stats("c", 2), pool[0].task_id: _stats(pool[0].task_id, 4)}
+    (d,), = [decide(pool, [cand], fresh, AdaptOptions(iteration=1))[1]]
+    assert (d["parent_acc"], d["parent_acc_from"], d["accepted"]) == (0.5, "rollout", False)
+    (d,), = [decide(pool, [cand], {"c": fresh["c"]}, AdaptOptions(iteration=1))[1]]
+    assert (d["parent_acc"], d["parent_acc_from"], d["accepted"]) == (0.0, "proposal", True)
+
+
+def test_no_rewrite_becomes_a_held_out_task():
+    """Two edits can reach an eval task's spec (reasoning: 9 + 7 -> 15 + 76 -> 6 + 0): a
+    proposal identical to a held-out task is rejected, named, and the next sample tried."""
+    pool = make_tasks(2, seed=5)
+    stats = {t.task_id: _stats(t.task_id, 0) for t in pool}
+    opts = AdaptOptions(iteration=0, samples=1)
+    first = FakeEngine(lambda request, k: "1")
+    cands = propose(pool, stats, {}, first, make_env, opts)[0]
+    held = {json.dumps(cands[0].spec, sort_keys=True)}
+    again, rejections, _ = propose(pool, stats, {}, first, make_env, opts, held)
+    assert [c.task_id for c in again] == [c.task_id for c in cands[1:]]
+    assert rejections[-1]["reasons"] == ["near-duplicate of a held-out task (100)"]
+    twice = FakeEngine(lambda request, k: str(k + 1))  # a second sample: the next edit
+    (c, *_), _, _ = propose(pool, stats, {}, twice, make_env, AdaptOptions(samples=2), held)
+    assert c.lineage.parent_id == pool[0].task_id and json.dumps(
+        c.spec, sort_keys=True) not in held
+
+
 def test_a_candidate_without_a_parent_or_direction_is_refused_by_line(tmp_path):
     """A hand-made candidates file whose lineage has no parent or an unknown direction
     would be judged by the wrong rule: refused, `file:line: ...`, exit 1, nothing written."""
@@ -116,6 +153,14 @@ def test_a_candidate_without_a_parent_or_direction_is_refused_by_line(tmp_path):
     line = one_line(r, 1)
     assert line.startswith("error: pending.jsonl:1: a candidate needs lineage.parent_id"), line
     assert not (tmp_path / "next.jsonl").exists() and not (tmp_path / "cands.jsonl").exists()
+    cand["lineage"]["direction"] = "easier"  # --descend's hops and via: a count, an id
+    for hops, via in ((None, None), ("1", None), (True, None), (-1, None), (1, 7)):
+        cand["candidate"] = {"parent_acc": 0.0, "hops": hops, "via": via}
+        write_jsonl(tmp_path / "pending.jsonl", [cand])
+        r = run_cli("adapt-tasks", "-i", "pool.jsonl", "--stats", "stats.jsonl", "--pending",
+                    "pending.jsonl", "-o", "next.jsonl", "--candidates", "cands.jsonl",
+                    "--descend", "2", cwd=tmp_path)
+        assert "pending.jsonl:1: field 'candidate.hops' must be a count" in one_line(r, 1)
 
 
 def _traj(k: int, outcome: int, labels: list[int], task_id: str = "a") -> Trajectory:
@@ -306,6 +351,9 @@ def test_loop_adapts_without_a_judge_and_records_the_env_loop(tmp_path, tiny_mod
     assert loop[1]["pending"] == sum(loop[0]["proposed"].values())
     cands = read_jsonl(run / "iter_000" / "candidates.jsonl")
     assert cands and all("episodes" in c["candidate"]["critique"] for c in cands)
+    meta = json.loads((run / "iter_000" / "next_tasks.meta.json").read_text())
+    assert meta["flags"]["held_out"] == str(tmp_path / "eval.jsonl")  # never proposed
+    assert meta["inputs"][-1]["path"] == str(tmp_path / "eval.jsonl")
     # rlany report: the env loop's table and panels, only for a run that adapts
     from rlany.stages.report import write_report
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,26 @@ def test_ablation_switches_change_what_runs(tmp_path, tiny_model):
         _run(config, iterations=3, seed=1)
     with pytest.raises(RlanyError, match="different config"):   # fewer: refused
         _run(config, iterations=2)
+
+
+def test_a_pool_sharing_tasks_with_eval_tasks_is_named(tmp_path, monkeypatch, capsys):
+    """Success on eval tasks the pool also holds is not held-out: a choice (success on the
+    pool itself), so named on stderr, not refused; disjoint files say nothing."""
+    from rlany.stages.loop_config import _check_files
+
+    monkeypatch.chdir(tmp_path)
+    tasks = make_tasks(3, seed=0)
+    write_jsonl(tmp_path / "t.jsonl", tasks)
+    write_jsonl(tmp_path / "e.jsonl", [replace(tasks[2], task_id="e0", split="eval")])
+    write_jsonl(tmp_path / "d.jsonl", make_tasks(2, seed=9, split="eval"))
+    config = tmp_path / "c.toml"
+    config.write_text('name = "x"\ntasks = "t.jsonl"\neval_tasks = "e.jsonl"\n')
+    _check_files(load_config(str(config)))
+    err = capsys.readouterr().err
+    assert "eval_tasks holds 1 of the pool's tasks (the spec of 'e0')" in err
+    config.write_text('name = "x"\ntasks = "t.jsonl"\neval_tasks = "d.jsonl"\n')
+    _check_files(load_config(str(config)))
+    assert "eval_tasks holds" not in capsys.readouterr().err
 
 
 def test_config_errors(tmp_path, monkeypatch):

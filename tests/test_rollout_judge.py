@@ -118,6 +118,17 @@ def test_sample_tasks_draws_k_of_the_pool_per_iteration_and_keeps_candidates():
               for i in range(1, 6)}
     assert len(others | {tuple(ids)}) > 1                     # a new draw per iteration
     assert sample_tasks(tasks, RolloutOptions()) == tasks      # default: every task
+    # a candidate's parent is always rolled out beside it (acceptance compares the two
+    # under one policy), one of the K: K pool tasks still
+    from rlany.records import Lineage
+    for i in (7, 8):
+        tasks[i] = replace(tasks[i], extra={"candidate": {}}, lineage=Lineage(
+            root_id=tasks[i - 6].task_id, parent_id=tasks[i - 6].task_id, version=1,
+            direction="easier"))
+    for it in range(6):
+        got = {t.task_id for t in sample_tasks(tasks, replace(opts, iteration=it))}
+        assert {tasks[j].task_id for j in (1, 2, 7, 8)} <= got and len(got) == 5
+    assert len(sample_tasks(tasks, replace(opts, sample_tasks=1))) == 4  # parents: more
 
 
 def test_history_turns_zero_keeps_the_task_and_the_newest_observation():

@@ -49,6 +49,7 @@ from rlany.stages.rewrites import (
     RandomEdits,
     candidate_task,
     describe,
+    duplicate,
     read_proposal,
     reparent,
     stepping_stones,
@@ -80,6 +81,8 @@ class AdaptOptions(EngineFields):
     pending: str | None = opt(None, "Last iteration's candidates, rolled out in this "
                               "iteration: accepted or rejected by the acceptance rule.",
                               scope="io")
+    held_out: str | None = opt(None, "Tasks never to propose (the eval tasks: a loop passes "
+                               "its eval_tasks): a rewrite into one is rejected.", scope="io")
     iteration: int = opt(0, "Loop iteration (ids and lineage).", scope="io", min=0)
     alpha_high: float = opt(0.8, "acc >= this: make the task harder.", min=0, max=1)
     alpha_low: float = opt(0.2, "acc <= this: make the task easier.", min=0, max=1)
@@ -160,8 +163,8 @@ def acceptance(direction: str, parent_acc: float, child_acc: float,
 
 def check_candidate(task: Task) -> None:
     """A pending candidate as `decide` reads it (`read_tasks` names the line): a lineage with
-    a parent and a direction, and `candidate` metadata whose `parent_acc`, when present, is
-    a finite number."""
+    a parent and a direction, and `candidate` metadata whose `parent_acc`, `hops` and `via`,
+    when present, are a finite number, a count and a task id."""
     if task.lineage is None or not task.lineage.parent_id or \
             task.lineage.direction not in ("easier", "harder"):
         raise RlanyError("a candidate needs lineage.parent_id and lineage.direction "
@@ -176,6 +179,11 @@ def check_candidate(task: Task) -> None:
         finite = False
     if not finite:
         raise RlanyError("field 'candidate.parent_acc' must be a finite number")
+    hops, via = info.get("hops", 0), info.get("via")  # --descend's stepping stones
+    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0 or \
+            not isinstance(via, str | None):
+        raise RlanyError("field 'candidate.hops' must be a count and 'candidate.via' a "
+                         "task id")
 
 
 def decide(pool: list[Task], pending: list[Task], stats: dict[str, TaskStats],
@@ -199,14 +207,14 @@ def decide(pool: list[Task], pending: list[Task], stats: dict[str, TaskStats],
         if cand.task_id not in stats:
             decisions.append({**record, "accepted": False, "reason": "candidate not rolled out"})
             continue
-        parent_acc = (stats[parent_id].acc if parent_id in stats
-                      else float(info.get("parent_acc", 0.0)))
+        parent_acc, source = ((stats[parent_id].acc, "rollout") if parent_id in stats
+                              else (float(info.get("parent_acc", 0.0)), "proposal"))
         child_acc = stats[cand.task_id].acc
         ok, reason = acceptance(record["direction"], parent_acc, child_acc, opts)
         if ok and parent_id in replaced:
             ok, reason = False, f"parent replaced by {replaced[parent_id]} ({reason})"
-        decisions.append({**record, "accepted": ok, "reason": reason,
-                          "parent_acc": parent_acc, "acc": child_acc})
+        decisions.append({**record, "accepted": ok, "reason": reason, "parent_acc": parent_acc,
+                          "parent_acc_from": source, "acc": child_acc})
         if ok:
             replaced[parent_id] = cand.task_id
             extra = {k: v for k, v in cand.extra.items() if k != "candidate"}
@@ -216,13 +224,12 @@ def decide(pool: list[Task], pending: list[Task], stats: dict[str, TaskStats],
 
 
 def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, str],
-            engine: Engine, make_env: Callable[[str], Environment],
-            opts: AdaptOptions) -> tuple[list[Task], list[dict], dict]:
-    """Rewrite tasks that are too easy or too hard.
-
-    Returns (candidates, rejections, tally); tally counts the proposals drawn, the valid
-    ones (an edit number in range, or a free rewrite that parses and validates) and the
-    tasks rewritten by each mode."""
+            engine: Engine, make_env: Callable[[str], Environment], opts: AdaptOptions,
+            held: set[str] = frozenset()) -> tuple[list[Task], list[dict], dict]:
+    """Rewrite tasks that are too easy or too hard; none into a held-out task (`held`: its
+    specs as sorted JSON). Returns (candidates, rejections, tally); tally counts the
+    proposals drawn, the valid ones (an edit number in range, or a free rewrite that parses
+    and validates) and the tasks rewritten by each mode."""
     targets = [(t, direction_for(stats[t.task_id].acc, opts)) for t in pool if t.task_id in stats]
     targets = [(t, d) for t, d in targets if d]
     envs = {t.task_id: make_env(t.env) for t, _ in targets}
@@ -272,14 +279,10 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
             tally["valid_proposals"] += 1
             if found is not None:
                 continue
-            from rapidfuzz import fuzz
             flat = json.dumps(spec, sort_keys=True)
-            # an edit is small by design (and differs from its task): only an identical
-            # task is a duplicate; a free rewrite that barely changed the spec is one too
-            best = (100.0 * (flat in seen) if menu is not None else
-                    max((fuzz.ratio(flat, s) for s in seen), default=0.0))
-            if best >= opts.dup_threshold:
-                reasons.append(f"near-duplicate of a pool task or candidate ({best:.0f})")
+            why = duplicate(flat, menu is not None, seen, held, opts.dup_threshold)
+            if why:
+                reasons.append(why)
                 continue
             found = spec
             candidates.append(candidate_task(task, spec, direction, stats[task.task_id].acc,
@@ -339,7 +342,8 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     decisions_out = opts.decisions_path
     paths = prepare_paths(
         {"--input": opts.input, "--stats": opts.stats, "--judgments": opts.judgments,
-         "--pending": opts.pending, "--trajectories": opts.trajectories},
+         "--pending": opts.pending, "--trajectories": opts.trajectories,
+         "--held-out": opts.held_out},
         {"--output": opts.output, "--candidates": opts.candidates,
          "--decisions": decisions_out})
     # every input fails before the engine starts
@@ -354,6 +358,9 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     inputs: list = [pool_reader, {"path": opts.stats, "sha256": sha256_file(paths["--stats"])}]
     if opts.pending:
         inputs.append(pending_reader)
+    held_tasks, held_reader = read_tasks(paths["--held-out"], name=opts.held_out) \
+        if opts.held_out else ([], None)
+    inputs += [held_reader] if held_reader else []
     new_pool, decisions = decide(pool, pending_tasks, stats, opts)
     stones = stepping_stones(pending_tasks, decisions, new_pool, opts.descend)
     targets = {t.task_id for t in new_pool + stones
@@ -363,7 +370,8 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
         engine = RandomEdits(opts.seed, opts.iteration)  # no model: the control
     engine = engine or (start_engine(opts) if targets else None)
     candidates, rejections, tally = (
-        propose(new_pool + stones, stats, critiques, engine, envs.make_env, opts)
+        propose(new_pool + stones, stats, critiques, engine, envs.make_env, opts,
+                {json.dumps(t.spec, sort_keys=True) for t in held_tasks})
         if targets else ([], [], {}))
     candidates = [reparent(c, stones) for c in candidates]
     accepted = sum(d["accepted"] for d in decisions)

@@ -5,6 +5,7 @@ defaults and validation are the CLI's; the whole config is checked before anythi
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -220,15 +221,24 @@ def _check_name(name: str, where: str) -> None:
 
 def _check_files(cfg: LoopConfig) -> None:
     """The config's paths, before anything is written: the task files read and checked
-    like every stage reads them, runs_dir a directory (or absent)."""
+    like every stage reads them (pool tasks also in eval_tasks are named: held-out success
+    would count tasks trained on), runs_dir a directory (or absent)."""
+    from rlany.console import info
     from rlany.stageio import read_tasks
 
+    specs: dict = {}
     for key in ("tasks", "eval_tasks"):
         value = getattr(cfg, key)
         if value is not None:
             if not Path(value).is_file():
                 raise RlanyError(f"'{key}' {value!r}: no such file", where=cfg.path)
-            read_tasks(value)
+            specs[key] = {json.dumps(t.spec, sort_keys=True): t.task_id
+                          for t in read_tasks(value)[0]}
+    both = [i for s, i in specs.get("eval_tasks", {}).items() if s in specs.get("tasks", {})]
+    if both:  # a choice (success on the pool itself), not a mistake to refuse
+        info(f"{cfg.path}: note: eval_tasks holds {len(both)} of the pool's tasks (the spec "
+             f"of '{both[0]}'): their success is not held-out (`rlany envs make-tasks ... "
+             "--exclude POOL` makes disjoint ones)")
     for directory in (Path(cfg.runs_dir), cfg.run_dir):
         if directory.exists() and not directory.is_dir():
             raise RlanyError(f"{str(directory)!r} is a file, not a directory", where=cfg.path,

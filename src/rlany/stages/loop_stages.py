@@ -95,7 +95,8 @@ STAGES = (
         judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None,
         trajectories=f"{d}/trajectories.jsonl", pending=_pending(lp, it),
         output=f"{d}/next_tasks.jsonl", candidates=f"{d}/candidates.jsonl",
-        decisions=f"{d}/decisions.jsonl", iteration=it),
+        decisions=f"{d}/decisions.jsonl", iteration=it,
+        held_out=lp.cfg.eval_tasks),  # never adapted into a held-out task
         enabled=lambda cfg: cfg.env_adaptation),
 )
 

@@ -58,6 +58,22 @@ def read_proposal(text: str, menu: list | None, env: Environment
     return spec, None, ""
 
 
+def duplicate(flat: str, edit: bool, seen: list[str], held: set[str],
+              threshold: float) -> str | None:
+    """Why a proposal (`flat`: its spec as sorted JSON) is a duplicate, or None: of a pool
+    task or candidate (`seen`), or of a held-out task (`held`: adapting into the eval set
+    would train on it). An edit is small by design (and differs from its task): only an
+    identical spec is one; a free rewrite that barely changed the spec is one too."""
+    from rapidfuzz import fuzz
+
+    for specs, what in ((held, "a held-out task"), (seen, "a pool task or candidate")):
+        best = 100.0 * (flat in specs) if edit else max(
+            (fuzz.ratio(flat, s) for s in specs), default=0.0)
+        if best >= threshold:
+            return f"near-duplicate of {what} ({best:.0f})"
+    return None
+
+
 def candidate_task(parent: Task, spec: dict, direction: str, parent_acc: float,
                    critique: str, iteration: int, edit: str | None = None) -> Task:
     """The candidate q' of `parent`: a new version in its lineage, with what `decide` reads

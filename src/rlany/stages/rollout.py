@@ -11,14 +11,13 @@ trajectory's `error` at reset). An errored episode has no outcome: no rate count
 nothing trains on it; an env that cannot start, or errors on more than `max_error_share` of
 the episodes, fails the stage before it writes its output (`rlany.stages.episode_errors`).
 
-Image observations (GUI envs): the current observation's images go into the newest user
-message as image parts; earlier user messages keep only their text, so the prompt carries
-one screen at a time. Each step records the images it was shown and the next ones.
+Image observations (GUI envs): the newest user message carries the current screen as image
+parts, earlier ones their text only; a step records the images it was shown and the next.
 
 Constrained actions (`constrain_actions`): for envs that list their admissible actions
 (`env.choices()`), each response is decoded as exactly one of them (the engine's
-constrained decoding), so a small model's turns are never wasted on unparseable text.
-Training still sees the response as text under the unconstrained policy.
+constrained decoding), so a small model's turns are never wasted on unparseable text;
+training still sees the response as text under the unconstrained policy.
 
 Demonstrations (`expert`): the env's expert (`expert_action()`, a shortest plan from the
 current state) answers instead of a model, in exactly the prompts the same flags give the
@@ -89,8 +88,9 @@ class RolloutOptions(EpisodeFields):
                       "(stdout does not resume).", scope="io", short="-o")
     iteration: int = opt(0, "Loop iteration, part of traj_id.", scope="io", min=0)
     sample_tasks: int | None = opt(None, "Roll out a sample of K of the input's tasks (drawn "
-                                   "from --seed and --iteration, kept in input order) plus "
-                                   "every candidate task; default: all.", min=1)
+                                   "from --seed and --iteration, kept in input order; a "
+                                   "candidate's parent always one of them) plus every "
+                                   "candidate task; default: all.", min=1)
     expert: bool = opt(False, "Play the env's expert instead of a model (envs with "
                        "expert_action(): household, alfworld, miniwob): demonstrations for `rlany "
                        "sft`, in the prompts this rollout's flags give (--history-turns, "
@@ -128,16 +128,19 @@ class _Episode:
 
 
 def sample_tasks(tasks: list[Task], opts: RolloutOptions) -> list[Task]:
-    """The tasks one iteration rolls out: every candidate (its rollouts decide whether it
-    is accepted) and a seeded sample of `sample_tasks` of the others, in input order."""
+    """The tasks one iteration rolls out, in input order: each candidate and its parent (to
+    compare them under one policy), and a seeded sample of the rest: `sample_tasks` in all."""
     import random
 
-    pool = [t for t in tasks if "candidate" not in t.extra]
-    if opts.sample_tasks is None or opts.sample_tasks >= len(pool):
+    parents = {t.lineage.parent_id for t in tasks if "candidate" in t.extra and t.lineage}
+    kept = {id(t): t for t in tasks if "candidate" in t.extra or t.task_id in parents}
+    rest = [t for t in tasks if id(t) not in kept]
+    k = max(0, (opts.sample_tasks or 0) - sum("candidate" not in t.extra for t in kept.values()))
+    if opts.sample_tasks is None or k >= len(rest):
         return tasks
     rng = random.Random(stable_seed(opts.seed, "sample_tasks", opts.iteration))
-    chosen = {id(t) for t in rng.sample(pool, opts.sample_tasks)}
-    return [t for t in tasks if id(t) in chosen or "candidate" in t.extra]
+    chosen = {*kept, *(id(t) for t in rng.sample(rest, k))}
+    return [t for t in tasks if id(t) in chosen]
 
 
 def rollout(tasks: Iterable[Task], engine: Engine, make_env: Callable[[str], Environment],
