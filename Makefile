@@ -202,10 +202,13 @@ bench-learning-adapt: install
 
 # The same two arms on learn.toml, where the base model's outcomes are already mixed (the
 # issue's last row): +adapt and policy-only, 12 iterations, evaluations after 6 and 12,
-# seeds interleaved; results research/results/learning-adapt-learn.*. Resumable.
+# seeds interleaved; results research/results/learning-adapt-learn.*. Resumable; a run that
+# outlives a session travels in research/inflight/ (unpacked first if there).
 ADAPT_LEARN_SETS := --config examples/household/learn.toml --bench learning-adapt-learn \
 	--iterations 12 --set eval_every=6
 bench-learning-adapt-learn: install
+	test ! -f research/inflight/learning-adapt-learn.tar.gz -o -d runs/learning-adapt-learn || \
+	  $(PY) research/carry.py unpack research/inflight/learning-adapt-learn.tar.gz
 	for s in 0 1 2; do for arm in +adapt policy-only; do \
 	  $(PY) research/learning.py $(ADAPT_LEARN_SETS) --arms $$arm --seeds $$s || exit 1; \
 	done; done
