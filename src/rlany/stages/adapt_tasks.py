@@ -39,6 +39,7 @@ from pathlib import Path
 
 from rlany.engines import Engine, Request, Sampling
 from rlany.envs import Environment
+from rlany.envs.make import spec_key
 from rlany.errors import RlanyError, UsageError
 from rlany.options import EngineFields, opt
 from rlany.prompts import clip, edit_choices, edit_messages, rewrite_messages
@@ -257,7 +258,7 @@ def propose(pool: list[Task], stats: dict[str, TaskStats], critiques: dict[str, 
     asked = [(t, d, r) for (t, d), r in zip(targets, requests)
              if t.task_id not in menus or menus[t.task_id]]
     results = iter(engine.generate([r for *_, r in asked]) if asked else [])
-    seen = [json.dumps(t.spec, sort_keys=True) for t in pool]
+    seen = [spec_key(t) for t in pool]
     candidates, rejections = [], broken
     tally = {"proposals": 0, "valid_proposals": 0, "edits_tasks": 0, "free_tasks": 0}
     for task, direction in targets:
@@ -371,7 +372,7 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     engine = engine or (start_engine(opts) if targets else None)
     candidates, rejections, tally = (
         propose(new_pool + stones, stats, critiques, engine, envs.make_env, opts,
-                {json.dumps(t.spec, sort_keys=True) for t in held_tasks})
+                {spec_key(t) for t in held_tasks})
         if targets else ([], [], {}))
     candidates = [reparent(c, stones) for c in candidates]
     accepted = sum(d["accepted"] for d in decisions)

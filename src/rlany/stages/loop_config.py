@@ -5,7 +5,6 @@ defaults and validation are the CLI's; the whole config is checked before anythi
 from __future__ import annotations
 
 import dataclasses
-import json
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -224,6 +223,7 @@ def _check_files(cfg: LoopConfig) -> None:
     like every stage reads them (pool tasks also in eval_tasks are named: held-out success
     would count tasks trained on), runs_dir a directory (or absent)."""
     from rlany.console import info
+    from rlany.envs.make import spec_key  # make-tasks --exclude's identity of a task
     from rlany.stageio import read_tasks
 
     specs: dict = {}
@@ -232,8 +232,7 @@ def _check_files(cfg: LoopConfig) -> None:
         if value is not None:
             if not Path(value).is_file():
                 raise RlanyError(f"'{key}' {value!r}: no such file", where=cfg.path)
-            specs[key] = {json.dumps(t.spec, sort_keys=True): t.task_id
-                          for t in read_tasks(value)[0]}
+            specs[key] = {spec_key(t): t.task_id for t in read_tasks(value)[0]}
     both = [i for s, i in specs.get("eval_tasks", {}).items() if s in specs.get("tasks", {})]
     if both:  # a choice (success on the pool itself), not a mistake to refuse
         info(f"{cfg.path}: note: eval_tasks holds {len(both)} of the pool's tasks (the spec "

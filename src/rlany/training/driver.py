@@ -129,7 +129,7 @@ def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
     least one sample, every one with a prompt, no negative token id. Returns the highest
     recorded token id and where it is."""
     from rlany.jsonl import JsonlReader
-    from rlany.training.samples import once
+    from rlany.training.samples import engine_logprobs, once
 
     kept, low, high = 0, None, None  # (token id, where): the extreme recorded token ids
     other, missing = None, False  # a record another adapter sampled; a sample without
@@ -138,12 +138,12 @@ def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
             other = other or _sampled_by_other(record, where, opts)
         for sample in _located(plan.extract([record]), where):
             kept += 1
-            ids, lps = getattr(sample, "token_ids", None), getattr(sample, "logprobs", None)
-            missing = missing or not (ids and lps and len(ids) == len(lps))
+            ids = getattr(sample, "token_ids", None)
+            missing = missing or engine_logprobs(ids, getattr(sample, "logprobs", None)) is None
             if not sample.messages:
                 raise RlanyError("a kept sample has no prompt messages", where=where)
-            if getattr(sample, "token_ids", None):
-                lo, hi = min(sample.token_ids), max(sample.token_ids)
+            if ids:
+                lo, hi = min(ids), max(ids)
                 low = (lo, where) if low is None or lo < low[0] else low
                 high = (hi, where) if high is None or hi > high[0] else high
     if other and (getattr(opts, "old_logprobs", "auto") == "generation" or not missing):

@@ -104,6 +104,13 @@ def sft_samples(trajectories: Iterable[Trajectory], all_outcomes: bool = False
                                 step.finish_reason != "length", step.token_ids)
 
 
+def engine_logprobs(token_ids, logprobs) -> list[float] | None:
+    """The engine's log-prob of each sampled id, where it gave one for every id (else None:
+    PPO's pre-update log-probs are recomputed)."""
+    ok = token_ids is not None and logprobs and len(logprobs) == len(token_ids)
+    return list(logprobs) if ok else None
+
+
 def tokenize(tokenizer, raw: Iterable[RawSample | tuple], max_len: int
              ) -> tuple[list[Sample], int]:
     """Token ids for each sample; over-long samples are dropped whole. Returns (kept, dropped)."""
@@ -117,7 +124,7 @@ def tokenize(tokenizer, raw: Iterable[RawSample | tuple], max_len: int
         prompt = render(tokenizer, r.messages)
         if r.token_ids is not None:
             resp = list(r.token_ids)
-            logprobs = list(r.logprobs) if r.logprobs and len(r.logprobs) == len(resp) else None
+            logprobs = engine_logprobs(r.token_ids, r.logprobs)
         else:
             resp, logprobs = tokenizer(r.response, add_special_tokens=False)["input_ids"], None
         if r.ended and eos is not None and (not resp or resp[-1] not in ends):
