@@ -136,13 +136,14 @@ def test_no_rewrite_becomes_a_held_out_task():
 
 
 def test_a_candidate_without_a_parent_or_direction_is_refused_by_line(tmp_path):
-    """A hand-made candidates file whose lineage has no parent or an unknown direction
-    would be judged by the wrong rule: refused, `file:line: ...`, exit 1, nothing written."""
+    """A hand-made candidates file whose lineage has no parent or an unknown direction, or
+    whose id is a pool task's, would be judged by the wrong rule: refused, `file:line:
+    ...`, exit 1, nothing written."""
     from rlany.records import to_json
 
     pool = make_tasks(2, seed=2)
     write_jsonl(tmp_path / "pool.jsonl", pool)
-    cand = to_json(pool[1])
+    cand = {**to_json(pool[1]), "task_id": "cand-1"}
     cand["lineage"] = {"root_id": pool[0].task_id, "parent_id": pool[0].task_id,
                        "version": 1, "direction": "Harder"}
     write_jsonl(tmp_path / "pending.jsonl", [cand])
@@ -161,6 +162,16 @@ def test_a_candidate_without_a_parent_or_direction_is_refused_by_line(tmp_path):
                     "pending.jsonl", "-o", "next.jsonl", "--candidates", "cands.jsonl",
                     "--descend", "2", cwd=tmp_path)
         assert "pending.jsonl:1: field 'candidate.hops' must be a count" in one_line(r, 1)
+    # a candidate with a pool task's id: the two would share one stats line, and the
+    # acceptance rule would compare the parent with itself or with another task
+    cand.update(task_id=pool[1].task_id, candidate={"parent_acc": 0.0})
+    write_jsonl(tmp_path / "pending.jsonl", [cand])
+    r = run_cli("adapt-tasks", "-i", "pool.jsonl", "--stats", "stats.jsonl", "--pending",
+                "pending.jsonl", "-o", "next.jsonl", "--candidates", "cands.jsonl",
+                cwd=tmp_path)
+    assert one_line(r, 1) == (f"error: pending.jsonl:1: candidate '{pool[1].task_id}' has "
+                              "the id of a task in the pool")
+    assert not (tmp_path / "next.jsonl").exists()
 
 
 def _traj(k: int, outcome: int, labels: list[int], task_id: str = "a") -> Trajectory:

@@ -31,10 +31,10 @@ Two steps, both pure functions of records plus an engine:
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from rlany.engines import Engine, Request, Sampling
@@ -49,6 +49,7 @@ from rlany.stages.critiques import model_summaries, read_critiques
 from rlany.stages.rewrites import (
     RandomEdits,
     candidate_task,
+    check_candidate,
     describe,
     duplicate,
     read_proposal,
@@ -160,31 +161,6 @@ def acceptance(direction: str, parent_acc: float, child_acc: float,
         return True, f"easier: {parent_acc:.3f} < {child_acc:.3f} < {opts.alpha_high}"
     return False, (f"not easier within bounds: need acc(q) = {parent_acc:.3f} < acc(q') < "
                    f"{opts.alpha_high}, got {child_acc:.3f}")
-
-
-def check_candidate(task: Task) -> None:
-    """A pending candidate as `decide` reads it (`read_tasks` names the line): a lineage with
-    a parent and a direction, and `candidate` metadata whose `parent_acc`, `hops` and `via`,
-    when present, are a finite number, a count and a task id."""
-    if task.lineage is None or not task.lineage.parent_id or \
-            task.lineage.direction not in ("easier", "harder"):
-        raise RlanyError("a candidate needs lineage.parent_id and lineage.direction "
-                         "'easier' or 'harder'")
-    info = task.extra.get("candidate", {})
-    if not isinstance(info, dict):
-        raise RlanyError("field 'candidate' must be an object")
-    acc = info.get("parent_acc", 0.0)
-    try:
-        finite = not isinstance(acc, bool) and math.isfinite(acc)
-    except (TypeError, OverflowError):  # not a number, or an integer beyond the float range
-        finite = False
-    if not finite:
-        raise RlanyError("field 'candidate.parent_acc' must be a finite number")
-    hops, via = info.get("hops", 0), info.get("via")  # --descend's stepping stones
-    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0 or \
-            not isinstance(via, str | None):
-        raise RlanyError("field 'candidate.hops' must be a count and 'candidate.via' a "
-                         "task id")
 
 
 def decide(pool: list[Task], pending: list[Task], stats: dict[str, TaskStats],
@@ -351,8 +327,9 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     pool, pool_reader = read_tasks(paths["--input"], name=opts.input)
     pending_tasks: list = []
     if opts.pending:
-        pending_tasks, pending_reader = read_tasks(paths["--pending"], allow_empty=True,
-                                                     name=opts.pending, check=check_candidate)
+        pending_tasks, pending_reader = read_tasks(
+            paths["--pending"], allow_empty=True, name=opts.pending,
+            check=partial(check_candidate, pool_ids={t.task_id for t in pool}))
     check_answers_pool(pool + pending_tasks, paths["--stats"], paths["--judgments"],
                        (opts.stats, opts.judgments))
     stats = _read_stats(paths, opts, {t.task_id for t in pool + pending_tasks})

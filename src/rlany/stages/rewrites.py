@@ -1,15 +1,18 @@
 """What adapt-tasks makes of the rewriter's answers: a proposal read as one of the env's
 numbered edits or as a whole new JSON spec (`parse_spec`, then the env's `validate`), and
-the candidate task it becomes, with its lineage and why it was proposed. The rules (which
+the candidate task it becomes, with its lineage and why it was proposed, and the check
+of a candidate as it comes back to be decided (`check_candidate`). The rules (which
 tasks are rewritten, the acceptance rule) are in `rlany.stages.adapt_tasks`."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from rlany.envs import Environment, OffersEdits, offered_edits
+from rlany.errors import RlanyError
 from rlany.prompts import clip
 from rlany.records import Lineage, Task
 
@@ -208,3 +211,31 @@ def describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
                                                       f"task: {type(e).__name__}: {e}"]})
     warn_unmatched(opts.exclude_edits, matched, len(menus))
     return descriptions, menus, broken
+
+
+def check_candidate(task: Task, pool_ids: set[str] = frozenset()) -> None:
+    """A pending candidate as `decide` reads it (`read_tasks` names the line): an id no pool
+    task has (their stats would be one), a lineage with a parent and a direction, and
+    `candidate` metadata whose `parent_acc`, `hops` and `via`, when present, are a finite
+    number, a count and a task id."""
+    if task.lineage is None or not task.lineage.parent_id or \
+            task.lineage.direction not in ("easier", "harder"):
+        raise RlanyError("a candidate needs lineage.parent_id and lineage.direction "
+                         "'easier' or 'harder'")
+    info = task.extra.get("candidate", {})
+    if not isinstance(info, dict):
+        raise RlanyError("field 'candidate' must be an object")
+    acc = info.get("parent_acc", 0.0)
+    try:
+        finite = not isinstance(acc, bool) and math.isfinite(acc)
+    except (TypeError, OverflowError):  # not a number, or an integer beyond the float range
+        finite = False
+    if not finite:
+        raise RlanyError("field 'candidate.parent_acc' must be a finite number")
+    hops, via = info.get("hops", 0), info.get("via")  # --descend's stepping stones
+    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0 or \
+            not isinstance(via, str | None):
+        raise RlanyError("field 'candidate.hops' must be a count and 'candidate.via' a "
+                         "task id")
+    if task.task_id in pool_ids:
+        raise RlanyError(f"candidate '{task.task_id}' has the id of a task in the pool")
