@@ -203,7 +203,8 @@ bench-learning-adapt: install
 # The same two arms on learn.toml, where the base model's outcomes are already mixed (the
 # issue's last row): +adapt and policy-only, 12 iterations, evaluations after 6 and 12,
 # seeds interleaved; results research/results/learning-adapt-learn.*. Resumable; a run that
-# outlives a session travels in research/inflight/ (unpacked first if there).
+# outlives a session travels in research/inflight/ (unpacked first if there). Last, what
+# the curriculum accepted, by direction (research/env_loop_why.py).
 ADAPT_LEARN_SETS := --config examples/household/learn.toml --bench learning-adapt-learn \
 	--iterations 12 --set eval_every=6
 bench-learning-adapt-learn: install
@@ -213,6 +214,8 @@ bench-learning-adapt-learn: install
 	  $(PY) research/learning.py $(ADAPT_LEARN_SETS) --arms $$arm --seeds $$s || exit 1; \
 	done; done
 	$(PY) research/learning.py $(ADAPT_LEARN_SETS) --report-only --readme
+	$(PY) research/env_loop_why.py runs/learning-adapt-learn --seeds 0 1 2 \
+	    --name learning-adapt-learn-why
 
 # Issue "The environment loop earns its place", item 6: RL that keeps a warm start on
 # mid.toml (warm starts lost ground at lr 3e-4 with the KL to the pre-update policy). Three

@@ -6,12 +6,14 @@ runs/learning-adapt-mid/ARM-sSEED):
 - the decided candidates by edit (the env's edit name before its ':', e.g. "goal kind",
   or its verb, "remove"), accepted and rejected, and the goal kinds of the accepted ones
   (the held-out tasks are all "pick_and_place"); the edits that keep the task's kind,
-  accepted of decided, by the kind;
+  accepted of decided, by the kind; per direction and edit, decided, accepted, the mean
+  success of the candidates (acc(q')) and how many never succeeded;
 - per iteration, the pool episodes of *original* tasks (never rewritten): how many, the
   share that picked up the goal object (an "take OBJ ..." action the env answered with
   "You pick up": the first half of "put X in/on Y"), and the share that succeeded.
 
     python research/env_loop_why.py runs/learning-adapt-mid --seeds 0 1 2
+    python research/env_loop_why.py runs/learning-adapt-learn --name learning-adapt-learn-why
 
 Writes research/results/NAME.json (with the machine) and prints one line per run. Reads
 files only: seconds, no model.
@@ -41,6 +43,7 @@ def edits(run: Path) -> dict:
              for c in read_rows(f)}
     accepted, rejected, kinds = (collections.Counter() for _ in range(3))
     by_kind: dict[str, list[int]] = {}  # "KIND: EDIT" -> [accepted, decided]
+    by_dir: dict[str, dict[str, list]] = {}  # DIRECTION -> EDIT -> [decided, accepted, accs]
     overwritten = 0
     for f in sorted(run.glob("iter_*/decisions.jsonl")):
         rows = [d for d in read_rows(f) if d.get("kind", "decision") == "decision"]
@@ -54,6 +57,9 @@ def edits(run: Path) -> dict:
                 overwritten += 1
                 d = {**d, "accepted": False}
             (accepted if d["accepted"] else rejected)[name] += 1
+            n = by_dir.setdefault(d.get("direction") or "?", {}).setdefault(name, [0, 0, []])
+            n[0], n[1] = n[0] + 1, n[1] + bool(d["accepted"])
+            n[2] += [] if d.get("acc") is None else [d["acc"]]
             if d["accepted"] and c:
                 kinds[c["spec"]["goal"]["kind"]] += 1
             if c and name != "goal kind":  # an edit that keeps the task's kind
@@ -62,7 +68,12 @@ def edits(run: Path) -> dict:
     return {"accepted": dict(accepted.most_common()), "rejected": dict(rejected.most_common()),
             "accepted_goal_kinds": dict(kinds.most_common()),
             "kind_kept_accepted_of_decided": dict(sorted(by_kind.items())),
-            "accepted_then_overwritten": overwritten}
+            "accepted_then_overwritten": overwritten,
+            "by_direction": {k: {e: {"decided": n, "accepted": a,
+                                     "mean_acc": round(sum(x) / len(x), 3) if x else None,
+                                     "acc_zero": sum(v == 0 for v in x)}
+                                 for e, (n, a, x) in sorted(v.items(), key=lambda i: -i[1][0])}
+                             for k, v in sorted(by_dir.items())}}
 
 
 def took_goal_object(traj: dict, obj: str) -> bool:
@@ -134,6 +145,10 @@ def main() -> None:
               f"{r['edits']['accepted_goal_kinds']}); originals' goal object picked up in "
               f"the last {args.late} iterations: {r[f'took_share_last_{args.late}']} of "
               f"{r[f'episodes_last_{args.late}']} episodes")
+        for way, by in r["edits"]["by_direction"].items():
+            print(f"  {way}: " + ", ".join(f"{e} {v['accepted']}/{v['decided']} accepted "
+                                           f"(acc(q') {v['mean_acc']}, 0 in {v['acc_zero']})"
+                                           for e, v in by.items()))
     print(save(args.name, result), file=sys.stderr)
 
 

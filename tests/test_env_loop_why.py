@@ -42,8 +42,10 @@ def test_accepted_edits_and_the_originals_progress(tmp_path):
          "candidate": {"edit": "goal kind: pick_and_place -> pick"}},
         {"task_id": "t2.v1.i0", "spec": {"goal": {"kind": "pick_and_place"}},
          "candidate": {"edit": "remove table 1"}}])
-    _write(it / "decisions.jsonl", [{"kind": "decision", "task_id": "t1.v1.i0", "accepted": True},
-                                    {"task_id": "t2.v1.i0", "accepted": False},
+    _write(it / "decisions.jsonl", [{"kind": "decision", "task_id": "t1.v1.i0", "accepted": True,
+                                     "direction": "easier", "acc": 0.25},
+                                    {"task_id": "t2.v1.i0", "accepted": False,
+                                     "direction": "easier", "acc": 0.0},
                                     {"kind": "rewrite_rejected", "task_id": "t3",
                                      "reasons": ["no valid edit"]}])  # not a decision
     result = summary(tmp_path, late=1)
@@ -53,7 +55,12 @@ def test_accepted_edits_and_the_originals_progress(tmp_path):
     assert run["edits"] == {"accepted": {"goal kind": 1}, "rejected": {"remove": 1},
                             "accepted_goal_kinds": {"pick": 1},
                             "kind_kept_accepted_of_decided": {"pick_and_place: remove": [0, 1]},
-                            "accepted_then_overwritten": 0}
+                            "accepted_then_overwritten": 0,
+                            "by_direction": {"easier": {
+                                "goal kind": {"decided": 1, "accepted": 1, "mean_acc": 0.25,
+                                              "acc_zero": 0},
+                                "remove": {"decided": 1, "accepted": 0, "mean_acc": 0.0,
+                                           "acc_zero": 1}}}}
     # the rewritten task's episode is not an original's; a failed take and another
     # object's are no progress
     assert run["originals"] == [{"iteration": 0, "episodes": 3, "took": 1, "succeeded": 0}]
