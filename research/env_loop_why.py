@@ -7,7 +7,8 @@ runs/learning-adapt-mid/ARM-sSEED):
   or its verb, "remove"), accepted and rejected, and the goal kinds of the accepted ones
   (the held-out tasks are all "pick_and_place"); the edits that keep the task's kind,
   accepted of decided, by the kind; per direction and edit, decided, accepted, the mean
-  success of the candidates (acc(q')) and how many never succeeded;
+  success of the candidates (acc(q')) and how many never succeeded; how many candidates
+  repeat a spec an earlier iteration proposed;
 - per iteration, the pool episodes of *original* tasks (never rewritten): how many, the
   share that picked up the goal object (an "take OBJ ..." action the env answered with
   "You pick up": the first half of "put X in/on Y"), and the share that succeeded.
@@ -76,6 +77,18 @@ def edits(run: Path) -> dict:
                              for k, v in sorted(by_dir.items())}}
 
 
+def repeats(run: Path) -> dict:
+    """Candidates, and those whose spec an earlier iteration had already proposed (each
+    is rolled out again: adapt-tasks remembers only this iteration's proposals)."""
+    seen: set[str] = set()
+    n = repeated = 0
+    for f in sorted(run.glob("iter_*/candidates.jsonl")):
+        specs = [json.dumps(c["spec"], sort_keys=True) for c in read_rows(f)]
+        n, repeated = n + len(specs), repeated + sum(x in seen for x in specs)
+        seen.update(specs)
+    return {"candidates": n, "spec_proposed_earlier": repeated}
+
+
 def took_goal_object(traj: dict, obj: str) -> bool:
     take = re.compile(rf"take {re.escape(obj)} \d+ ")
     return any(take.match(s.get("action") or "") and "you pick up" in
@@ -112,7 +125,7 @@ def summary(runs_dir: Path, late: int, seeds: list[int] | None = None) -> dict:
             if (run / "config.json").exists() else None
         done = len((run / "metrics.jsonl").read_text().splitlines())  # iterations finished
         runs[run.name] = {"iterations": done, "planned_iterations": planned,
-                          "edits": edits(run),
+                          "edits": edits(run), "repeats": repeats(run),
                           "originals": per_iter,
                           f"took_share_last_{late}": round(sum(r["took"] for r in tail)
                                                            / max(n, 1), 3),
@@ -144,7 +157,8 @@ def main() -> None:
         print(f"{name}{done}: accepted {sum(acc.values())} ({acc}; goal kinds "
               f"{r['edits']['accepted_goal_kinds']}); originals' goal object picked up in "
               f"the last {args.late} iterations: {r[f'took_share_last_{args.late}']} of "
-              f"{r[f'episodes_last_{args.late}']} episodes")
+              f"{r[f'episodes_last_{args.late}']} episodes; of {r['repeats']['candidates']} "
+              f"candidates {r['repeats']['spec_proposed_earlier']} repeat an earlier one")
         for way, by in r["edits"]["by_direction"].items():
             print(f"  {way}: " + ", ".join(f"{e} {v['accepted']}/{v['decided']} accepted "
                                            f"(acc(q') {v['mean_acc']}, 0 in {v['acc_zero']})"

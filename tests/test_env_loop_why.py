@@ -84,3 +84,17 @@ def test_a_parent_overwritten_in_one_iteration_counts_the_task_the_pool_took(tmp
     edits = summary(tmp_path, late=1)["runs"]["adapt-s0"]["edits"]
     assert edits["accepted"] == {"step limit": 1} and edits["rejected"] == {"remove": 1}
     assert edits["accepted_then_overwritten"] == 1
+
+
+def test_candidates_that_repeat_an_earlier_iterations_spec_are_counted(tmp_path):
+    run = tmp_path / "adapt-s0"
+    _write(run / "metrics.jsonl", [{"iteration": 0}, {"iteration": 1}])
+    for k, specs in enumerate(([{"a": 1}, {"a": 2}], [{"a": 2}, {"a": 3}, {"a": 3}])):
+        it = run / f"iter_00{k}"
+        for name in ("rollout_tasks.jsonl", "trajectories.jsonl", "decisions.jsonl"):
+            _write(it / name, [])
+        _write(it / "candidates.jsonl", [{"task_id": f"c{k}{j}", "spec": x}
+                                         for j, x in enumerate(specs)])
+    # {"a": 2} again in iteration 1 is a repeat; {"a": 3} twice within one is not
+    assert summary(tmp_path, late=1)["runs"]["adapt-s0"]["repeats"] == {
+        "candidates": 5, "spec_proposed_earlier": 1}
