@@ -20,13 +20,22 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import cpu_setting, save  # noqa: E402
 
 ARGS = ["-q", "-n", "2", "--dist", "loadfile", "-p", "no:cacheprovider"]  # the Makefile's
+SLOWEST = 25  # the slowest tests are recorded (pytest --durations): where to trim first
+_DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(.+?)\s*$")
+
+
+def slowest(stdout: str) -> list[dict]:
+    """pytest's --durations lines ("12.34s call     tests/test_x.py::test_y") as records."""
+    return [{"seconds": float(m[1]), "phase": m[2], "test": m[3]}
+            for m in map(_DURATION.match, stdout.splitlines()) if m]
 
 
 def main() -> dict:
     setting, switches = cpu_setting("float32")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", *ARGS], env=env,
+    done = subprocess.run([sys.executable, "-m", "pytest", *ARGS, f"--durations={SLOWEST}"],
+                          env=env,
                           capture_output=True, text=True)
     seconds = time.perf_counter() - started
     tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
@@ -37,7 +46,7 @@ def main() -> dict:
               "met": done.returncode == 0 and seconds <= 8 * 60, "counts": counts,
               "failures": failures,
               "returncode": done.returncode, "pytest_args": ARGS, "omp_num_threads": 1,
-              "isa_switches": switches}
+              "isa_switches": switches, "slowest": slowest(done.stdout)}
     path = save(f"suite-{setting}", result)
     # the speed table shows this file: regenerated with it, so the two never disagree
     subprocess.run([sys.executable, str(Path(__file__).parent / "readme_table.py")],
