@@ -34,8 +34,8 @@ def main() -> dict:
     setting, switches = cpu_setting("float32")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", *ARGS, f"--durations={SLOWEST}"],
-                          env=env,
+    args = [*ARGS, f"--durations={SLOWEST}"]
+    done = subprocess.run([sys.executable, "-m", "pytest", *args], env=env,
                           capture_output=True, text=True)
     seconds = time.perf_counter() - started
     tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
@@ -45,7 +45,7 @@ def main() -> dict:
               "minutes": round(seconds / 60, 2), "target": "<= 8 min, every test passing",
               "met": done.returncode == 0 and seconds <= 8 * 60, "counts": counts,
               "failures": failures,
-              "returncode": done.returncode, "pytest_args": ARGS, "omp_num_threads": 1,
+              "returncode": done.returncode, "pytest_args": args, "omp_num_threads": 1,
               "isa_switches": switches, "slowest": slowest(done.stdout)}
     path = save(f"suite-{setting}", result)
     # the speed table shows this file: regenerated with it, so the two never disagree

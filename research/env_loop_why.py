@@ -16,7 +16,8 @@ runs/learning-adapt-mid/ARM-sSEED):
     python research/env_loop_why.py runs/learning-adapt-mid --seeds 0 1 2
     python research/env_loop_why.py runs/learning-adapt-learn --name learning-adapt-learn-why
 
-Writes research/results/NAME.json (with the machine) and prints one line per run. Reads
+Writes research/results/NAME.json (with the machine) and prints one line per run, then a
+line per direction of its decided candidates. Reads
 files only: seconds, no model.
 """
 

@@ -100,19 +100,22 @@ def _invoke(argv: list[str], stdin: bytes | None = None) -> tuple[int, str, str]
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> dict[str, Any]:
-    """Valid lines of each kind, consistent with each other: 3 reasoning tasks; 2 of them
-    rolled out twice (the first always solved, so adapt-tasks has a target and reads its
-    judgments); judgments with mixed verdicts; scored and task stats from `rlany score`; a
-    pending candidate whose parent has no stats (its `candidate.parent_acc` is read)."""
+    """Valid lines of each kind, consistent with each other: 3 reasoning tasks; a pending
+    candidate (its own id) whose parent has no stats (its `candidate.parent_acc` is read);
+    the first task and the candidate rolled out twice (the first always solved, so
+    adapt-tasks has a target and reads its judgments); judgments with mixed verdicts;
+    scored and task stats from `rlany score`."""
     d = tmp_path_factory.mktemp("base")
     tasks = make_tasks(3, seed=0)
-    trajs = [make_traj(tasks[k].task_id, i, outcome)
-             for k, outcomes in ((0, (1, 1)), (1, (-1, 1))) for i, outcome in enumerate(outcomes)]
-    judgments = [make_judgment(t, [[1, -1, 1]]) for t in trajs]
     pending = dataclasses.replace(
-        tasks[1], lineage=Lineage(root_id=tasks[2].task_id, parent_id=tasks[2].task_id,
-                                  version=1, direction="harder"),
+        tasks[1], task_id=f"{tasks[2].task_id}.v1.i0",
+        lineage=Lineage(root_id=tasks[2].task_id, parent_id=tasks[2].task_id, version=1,
+                        direction="harder"),
         extra={"candidate": {"parent_acc": 0.5, "proposed_iter": 0, "critique": "none"}})
+    trajs = [make_traj(task_id, i, outcome)
+             for task_id, outcomes in ((tasks[0].task_id, (1, 1)), (pending.task_id, (-1, 1)))
+             for i, outcome in enumerate(outcomes)]
+    judgments = [make_judgment(t, [[1, -1, 1]]) for t in trajs]
     files = {"tasks": [_line(t) for t in tasks], "trajectories": [_line(t) for t in trajs],
              "judgments": [_line(j) for j in judgments], "pending": [_line(pending)],
              # `judge -o -`: each task's trajectories, then their judgments
@@ -652,6 +655,18 @@ def test_hostile_input_fails_cleanly(slot_name, base, request):
         check(slot, base, content, use_stdin)
 
     run()
+
+
+@pytest.mark.parametrize("slot_name", sorted(n for n, s in SLOTS.items()
+                                             if s.cls and not s.stage.startswith("train")))
+def test_the_valid_files_reach_the_work(slot_name, base):
+    """The base files themselves pass each stage's checks: a refusal of valid input would
+    otherwise pass every property above as "a one-line error" (it happened: a pending
+    candidate with a pool task's id)."""
+    slot = SLOTS[slot_name]
+    out = check(slot, base, b"".join(base["files"][slot.kind]), use_stdin=False)
+    assert out.code == 0 or out.stderr_lines[-1].startswith(f"error: {STOPPED}"), \
+        out.stderr_lines
 
 
 @pytest.mark.parametrize("slot_name", ["score-trajectories", "rollout-tasks", "judge-trajectories"])
