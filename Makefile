@@ -222,10 +222,13 @@ bench-learning-adapt-learn: install
 # policy-only arms from the same warm start per seed (made alike per seed), seeds
 # interleaved: [warm] as shipped (lr 3e-4, KL 0.01 to the pre-update policy), [warm-klinit]
 # (KL 0.1 to the warm start itself: `kl_ref = "init"`), [warm-lr1e4] (lr 1e-4):
-# research/results/learning-warm-keep.*. Resumable (a finished run is skipped).
+# research/results/learning-warm-keep.*. Resumable (a finished run is skipped); a run that
+# outlives a session travels in research/inflight/ (unpacked first if there).
 KEEP = $(PY) research/learning.py --config examples/household/mid.toml \
 	--bench learning-warm-keep --warm-start --set eval.judge=false --arms policy-only
 bench-learning-warm-keep: install
+	test ! -f research/inflight/learning-warm-keep.tar.gz -o -d runs/learning-warm-keep || \
+	  $(PY) research/carry.py unpack research/inflight/learning-warm-keep.tar.gz
 	for s in 0 1 2; do \
 	  $(KEEP) --tag warm --seeds $$s || exit 1; \
 	  $(KEEP) --tag warm-klinit --set train_policy.kl_ref=init \

@@ -5,10 +5,12 @@ reads, into one small archive to commit; `unpack` restores it on the next machin
 `research/learning.py` (the same command) resumes each run at its first unfinished
 iteration.
 
-Kept per run: its config, base/init evaluations and metrics; per finished iteration (one
-with done.json) its small files (pool, stats, candidates, decisions, evaluation, sidecars,
-skip and prune markers), and the newest policy/rm checkpoint (the loop reads no older one
-once a newer exists). Left out:
+Kept per run: its config, base/init evaluations and metrics; a finished warm start
+(`warm_start/`: the demos and the sft adapter, which `kl_ref = "init"` reads as its
+reference and sibling runs copy); per finished iteration (one with done.json) its small
+files (pool, stats, candidates, decisions, evaluation, sidecars, skip and prune markers),
+and the newest policy/rm checkpoint (the loop reads no older one once a newer exists).
+Left out:
 trajectories, judgments and scored steps (the bulk: only on-plan shares and judge views
 read them), and an unfinished iteration (it reruns from its start).
 
@@ -33,6 +35,11 @@ def members(run: Path) -> list[Path]:
     """The files of one run directory to carry (see the module docstring): of the
     checkpoints, only each kind's newest (the one the next iteration starts from)."""
     out = [p for p in run.iterdir() if p.is_file() and not p.name.startswith(".")]
+    warm = run / "warm_start"
+    if (warm / "sft" / "rlany.json").exists():  # finished; an unfinished one is remade
+        out += [f for f in sorted(warm.rglob("*")) if f.is_file() and not any(
+            part.startswith(".") or part.endswith(".partial")
+            for part in f.relative_to(warm).parts)]
     finished = [it for it in sorted(run.glob("iter_*")) if (it / "done.json").exists()]
     newest = {kind: next((it / kind for it in reversed(finished)
                           if (it / kind / "rlany.json").exists()), None)
