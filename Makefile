@@ -112,9 +112,10 @@ bench-learning: install
 bench-learning-reduced: install
 	$(PY) research/learning.py --reduced
 
-# the same arms from a warm start (expert demonstrations + rlany sft): rows "ARM [warm]"
+# the same arms from a warm start (expert demonstrations + rlany sft): rows "ARM [warm]",
+# at lr 3e-4 (the loop's lr for warm starts then; 1e-4 since learning-warm-keep)
 bench-learning-warm: install
-	$(PY) research/learning.py --warm-start --seeds 0 1 2 --readme
+	$(PY) research/learning.py --warm-start --set train_policy.lr=3e-4 --seeds 0 1 2 --readme
 
 # the second env, single-digit sums (examples/reasoning/learn.toml): policy-only (3 seeds),
 # then the full loop (seed 0), into learning-reasoning.*. The committed learning-reasoning.json
@@ -220,18 +221,16 @@ bench-learning-adapt-learn: install
 # Issue "The environment loop earns its place", item 6: RL that keeps a warm start on
 # mid.toml (warm starts lost ground at lr 3e-4 with the KL to the pre-update policy). Three
 # policy-only arms from the same warm start per seed (made alike per seed), seeds
-# interleaved: [warm] as shipped (lr 3e-4, KL 0.01 to the pre-update policy), [warm-klinit]
-# (KL 0.1 to the warm start itself: `kl_ref = "init"`), [warm-lr1e4] (lr 1e-4):
-# research/results/learning-warm-keep.*. Resumable (a finished run is skipped); a run that
-# outlives a session travels in research/inflight/ (unpacked first if there).
+# interleaved: [warm] as shipped then (lr 3e-4, KL 0.01 to the pre-update policy),
+# [warm-klinit] (lr 3e-4, KL 0.1 to the warm start itself: `kl_ref = "init"`),
+# [warm-lr1e4] (lr 1e-4, since then the loop's lr for warm starts):
+# research/results/learning-warm-keep.*. Resumable (a finished run is skipped).
 KEEP = $(PY) research/learning.py --config examples/household/mid.toml \
 	--bench learning-warm-keep --warm-start --set eval.judge=false --arms policy-only
 bench-learning-warm-keep: install
-	test ! -f research/inflight/learning-warm-keep.tar.gz -o -d runs/learning-warm-keep || \
-	  $(PY) research/carry.py unpack research/inflight/learning-warm-keep.tar.gz
 	for s in 0 1 2; do \
-	  $(KEEP) --tag warm --seeds $$s || exit 1; \
-	  $(KEEP) --tag warm-klinit --set train_policy.kl_ref=init \
+	  $(KEEP) --tag warm --set train_policy.lr=3e-4 --seeds $$s || exit 1; \
+	  $(KEEP) --tag warm-klinit --set train_policy.lr=3e-4 --set train_policy.kl_ref=init \
 	    --set train_policy.kl_beta=0.1 --seeds $$s || exit 1; \
 	  $(KEEP) --tag warm-lr1e4 --set train_policy.lr=1e-4 --seeds $$s || exit 1; \
 	done

@@ -297,3 +297,17 @@ def test_without_config_json_each_finished_stage_checks_its_own_record(change, w
     same = _config(tmp_path, model)  # the run's own config: resumed, and echoed again
     Loop(load_config(same, {"iterations": 2}), same)._init_run_dir()
     assert json.loads((run / "config.json").read_text())["iterations"] == 2
+
+
+def test_a_key_written_at_its_default_resumes_the_run_that_left_it_out(finished_run,
+                                                                        tmp_path):
+    from rlany.stages.loop import Loop, load_config
+
+    run, model = finished_run
+    written = _config(tmp_path, model, lr=3e-4)  # train-policy's default, now written out
+    Loop(load_config(written, {"iterations": 2}), written)._init_run_dir()
+    echo = json.loads((run / "config.json").read_text())
+    assert echo["tables"]["train_policy"]["lr"] == 3e-4 and echo["iterations"] == 2
+    other = _config(tmp_path, model, lr=1e-4)    # not the default: still refused
+    with pytest.raises(RlanyError, match="train_policy.lr was 0.0003"):
+        Loop(load_config(other, {"iterations": 2}), other)._init_run_dir()

@@ -108,6 +108,22 @@ def test_the_loop_resolves_init_to_the_runs_first_model():
     assert _kl_init(lp({}), "train_policy") == {}
 
 
+def test_a_warm_policy_trains_at_the_warm_lr_unless_its_config_gives_one():
+    from rlany.stages.loop_stages import WARM_LR, _train_policy_forced
+
+    def lp(table, policy="runs/x/warm_start/sft"):
+        return SimpleNamespace(cfg=SimpleNamespace(tables={"train_policy": table}),
+                               init_policy=policy, init_rm=None)
+
+    assert WARM_LR < TrainOptions(input="-", output="-").lr
+    assert _train_policy_forced(lp({})) == {"lr": WARM_LR}
+    assert _train_policy_forced(lp({"kl_ref": "init"})) == {
+        "lr": WARM_LR, "kl_ref": "runs/x/warm_start/sft"}
+    assert _train_policy_forced(lp({"lr": 3e-4})) == {}       # the config's own lr
+    assert _train_policy_forced(lp({"full": True})) == {}     # full fine-tuning: its own
+    assert _train_policy_forced(lp({}, policy=None)) == {}    # from the base model
+
+
 @pytest.mark.parametrize("flags, code, says", [
     (["--kl-ref", "init"], 2, "--kl-ref init names a loop run's first policy"),
     (["--kl-ref", "no/such/dir"], 1, "--kl-ref: not a LoRA adapter directory"),
@@ -127,6 +143,7 @@ def test_cli_kl_ref_mistakes_are_one_line(tiny_model, tmp_path, cli, flags, code
 def test_loop_kl_ref_init_anchors_every_iteration_to_the_warm_start(tmp_path, tiny_model):
     from pathlib import Path
 
+    from rlany.stages.loop_stages import WARM_LR
     from test_sft import _run_warm, _warm_config
 
     config = Path(_warm_config(tmp_path, tiny_model))
@@ -137,6 +154,7 @@ def test_loop_kl_ref_init_anchors_every_iteration_to_the_warm_start(tmp_path, ti
     for it in ("iter_000", "iter_001"):
         meta = json.loads((loop.dir / it / "policy" / "rlany.json").read_text())
         assert meta["metrics"]["kl_ref"] == warm and meta["options"]["kl_ref"] == warm
+        assert meta["options"]["lr"] == WARM_LR   # no [train_policy] lr: a warm start's
 
 
 def test_loop_checks_a_kl_ref_adapter_at_load(tmp_path, tiny_model):

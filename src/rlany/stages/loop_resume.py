@@ -62,10 +62,26 @@ def check_echo(echo: Path, config: dict, iterations: int) -> None:
     then = {**{k: defaults[k] for k in config.keys() - old.keys() if k in defaults},
             **{k: v for k, v in old.items() if k not in HOW},
             **({"iterations": iterations} if more else {})}
-    key = _first_difference(then, config)
+    key = _first_difference(_at_defaults(then), _at_defaults(config))
     if key is not None:
         raise RlanyError(f"{CHANGED}: {key} was {_show(_get(then, key))}, the config now "
                          f"gives {_show(_get(config, key))}", where=str(echo), hint=HINT)
+
+
+def _at_defaults(config: dict) -> dict:
+    """A stage's key written at its option's default counts as left out: the options are
+    the same (a config that drops `lr = 3e-4` from `[train_policy]` resumes what it made;
+    a warm start's own lr, which that changes, is each finished stage's check)."""
+    from rlany.options import specs
+    from rlany.stages.loop_config import TABLES
+
+    def kept(table: str, key: str, value: Any) -> bool:
+        fields = specs(TABLES[table].options) if table in TABLES else {}
+        return key not in fields or fields[key][1] != value
+
+    tables = {t: {k: v for k, v in _dict(keys).items() if kept(t, k, v)}
+              for t, keys in _dict(config.get("tables")).items()}
+    return {**config, "tables": tables} if "tables" in config else config
 
 
 def _retired(old: dict) -> dict:

@@ -60,6 +60,19 @@ def _kl_init(lp: Loop, table: str) -> dict:
     return {"kl_ref": first or "base"}
 
 
+# RL's learning rate from a warm start where [train_policy] gives none (research/README.md,
+# "Keeping a warm start": mid.toml, 3 seeds, against 3e-4 with either KL reference)
+WARM_LR = 1e-4
+
+
+def _train_policy_forced(lp: Loop) -> dict:
+    """A policy that starts warm (`init_policy` or `warm_start`) and whose config gives no
+    `[train_policy] lr` (nor `full`) trains at WARM_LR; `kl_ref = "init"` resolved."""
+    table = lp.cfg.tables.get("train_policy", {})
+    warm = lp.init_policy is not None and "lr" not in table and not table.get("full")
+    return {**({"lr": WARM_LR} if warm else {}), **_kl_init(lp, "train_policy")}
+
+
 def skip_file(d: Path, table: str) -> str:
     """Where a training stage of iteration directory `d` says it had nothing to learn from."""
     return f"{d}/{table}.skipped.json"
@@ -84,7 +97,7 @@ STAGES = (
     Stage("train_policy", _ckpt, lambda lp, d, it: dict(
         input=f"{d}/scored.jsonl", output=f"{d}/policy", adapter=lp.latest("policy", it),
         iteration=it, skipped=skip_file(d, "train_policy")), may_skip=True,
-        forced=lambda lp: _kl_init(lp, "train_policy")),
+        forced=_train_policy_forced),
     Stage("train_rm", _ckpt, lambda lp, d, it: dict(
         input=lp.rm_input(d, it), output=f"{d}/rm", adapter=lp.latest("rm", it),
         iteration=it, skipped=skip_file(d, "train_rm")), enabled=lambda cfg: cfg.rm_training,
