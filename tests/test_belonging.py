@@ -311,3 +311,16 @@ def test_a_key_written_at_its_default_resumes_the_run_that_left_it_out(finished_
     other = _config(tmp_path, model, lr=1e-4)    # not the default: still refused
     with pytest.raises(RlanyError, match="train_policy.lr was 0.0003"):
         Loop(load_config(other, {"iterations": 2}), other)._init_run_dir()
+
+
+def test_a_key_the_loop_reads_by_presence_is_not_its_default_left_out(finished_run,
+                                                                       tmp_path):
+    from pathlib import Path
+
+    from rlany.stages.loop import Loop, load_config
+
+    run, model = finished_run
+    config = Path(_config(tmp_path, model))  # `[eval] judge = false`: no judge, unlike none
+    config.write_text(config.read_text() + "[eval]\njudge = false\n")
+    with pytest.raises(RlanyError, match="eval.judge was absent, the config now gives false"):
+        Loop(load_config(str(config)), str(config))._init_run_dir()

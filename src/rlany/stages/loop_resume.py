@@ -70,17 +70,19 @@ def check_echo(echo: Path, config: dict, iterations: int) -> None:
 
 def _at_defaults(config: dict) -> dict:
     """A stage's key written at its option's default counts as left out: the options are
-    the same (a config that drops `lr = 3e-4` from `[train_policy]` resumes what it made;
-    a warm start's own lr, which that changes, is each finished stage's check)."""
+    the same (a config that drops `lr = 3e-4` from `[train_policy]` resumes what it made),
+    except for the keys the loop reads by whether they are written
+    (`loop_stages.read_if_written`)."""
     from rlany.options import specs
     from rlany.stages.loop_config import TABLES
+    from rlany.stages.loop_stages import read_if_written
 
-    def kept(table: str, key: str, value: Any) -> bool:
+    written = read_if_written(bool(config.get("warm_start") or config.get("init_policy")))
+    tables = {}
+    for table, keys in _dict(config.get("tables")).items():
         fields = specs(TABLES[table].options) if table in TABLES else {}
-        return key not in fields or fields[key][1] != value
-
-    tables = {t: {k: v for k, v in _dict(keys).items() if kept(t, k, v)}
-              for t, keys in _dict(config.get("tables")).items()}
+        tables[table] = {k: v for k, v in _dict(keys).items()
+                         if k not in fields or fields[k][1] != v or (table, k) in written}
     return {**config, "tables": tables} if "tables" in config else config
 
 

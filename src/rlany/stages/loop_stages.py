@@ -73,6 +73,14 @@ def _train_policy_forced(lp: Loop) -> dict:
     return {**({"lr": WARM_LR} if warm else {}), **_kl_init(lp, "train_policy")}
 
 
+def read_if_written(warm: bool) -> set[tuple[str, str]]:
+    """(table, key)s whose mere presence the loop reads, so that writing one at its default
+    is not leaving it out: `[eval] judge` (false: no judge; left out: the loop's, see
+    eval_judge) and, for a policy that starts warm, `[train_policy] lr` (left out:
+    WARM_LR)."""
+    return {("eval", "judge"), *([("train_policy", "lr")] if warm else [])}
+
+
 def skip_file(d: Path, table: str) -> str:
     """Where a training stage of iteration directory `d` says it had nothing to learn from."""
     return f"{d}/{table}.skipped.json"
