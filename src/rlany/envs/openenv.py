@@ -135,9 +135,7 @@ class OpenenvEnv:
         info: dict = {}
         if self.steps == 1 and self.retries:
             info["session_retries"] = self.retries
-        read, error = read_action(actions.read, response, calls=self.tools,
-                                  action_json=bool(self.spec.get("action_json")),
-                                  options=self.options, field=self.field, kind=self.kind)
+        read, error = read_action(self._parse, response)
         action, value, why = read or (None, None, None)
         if why or error:  # the policy's text is no action: not sent, the episode goes on
             return self._again(f"Invalid action: {why}." if why else f"Error: {error}", info)
@@ -317,6 +315,12 @@ class OpenenvEnv:
         prop = props.get(name, {})
         kinds = [prop.get("type")] + [p.get("type") for p in prop.get("anyOf", [])]
         return name, next((k for k in kinds if k and k != "null"), "string")
+
+    def _parse(self, response: str) -> tuple[str | None, dict | None, str | None]:
+        """(action text, the step's data, why it is no valid action): `openenv_actions`."""
+        return actions.read(response, calls=self.tools,
+                            action_json=bool(self.spec.get("action_json")),
+                            options=self.options, field=self.field, kind=self.kind)
 
 
 def _show(v) -> str:
