@@ -2,6 +2,12 @@
 
 An environment object is one episode's state: `make_env(name)` returns a fresh one, then
 `reset(task) -> first observation` and `step(response) -> StepResult` until `done`.
+Policy failures and env errors, by construction: a step reads the policy's text in one
+guarded call, `read_action(read, response, ...)`; whatever the text makes `read` raise is
+the policy's invalid action, which the env answers as an observation ("Error: ...") and
+the episode goes on or fails as the policy's failure. So `step` raises only for failures
+of the env itself (its browser, its server's connection, its sandbox): rollout records
+those as errored episodes (finish "error", counted apart: `rlany.stages.episode_errors`).
 An env that lists its admissible actions may offer `choices() -> list[str]` (the actions
 valid for the next response); `rollout --constrain-actions` then decodes each response as
 exactly one of them. `describe(task)` is the text a task rewriter sees; `validate(spec)`
@@ -41,7 +47,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module, metadata
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from rlany.errors import RlanyError
 from rlany.records import Task
@@ -96,6 +102,25 @@ def save_screen(data: bytes, ext: str = "png") -> str:
             f.write(data)
         os.replace(tmp, path)
     return str(path)
+
+
+R = TypeVar("R")
+
+
+def read_action(read: Callable[..., R], *args) -> tuple[R | None, str | None]:
+    """The one guarded call in which an env reads the policy's text: `(read(*args), None)`,
+    or `(None, why)` when the text makes `read` raise anything at all (a digit `int`
+    rejects, an integer of 10,000 digits, nesting that exhausts a parser, a value JSON
+    cannot encode, a lone surrogate). That is the policy's invalid action: the env shows
+    "Error: WHY" and counts the step as the policy's, never as an env error. `read` does
+    no I/O and changes nothing, so what it raises can only be the text's doing; it returns
+    an action the env can always carry out (a value that JSON encodes, text UTF-8 can
+    hold), and what then fails in carrying it out is the env's."""
+    try:
+        return read(*args), None
+    except Exception as e:  # anything: the policy's text is arbitrary (the module doc)
+        why = " ".join(str(e).split())[:200]
+        return None, f"the action cannot be read ({type(e).__name__}{': ' if why else ''}{why})"
 
 
 def split_obs(obs: str | Observation) -> tuple[str, list[str]]:
@@ -236,7 +261,7 @@ def parse_action(response: str, admissible: list[str]) -> tuple[str | None, dict
     if not lines:
         return None, {"parse": "empty"}
     for line in (lines[0], lines[-1]):
-        m = re.fullmatch(r"(?:action\s*:?\s*)?(\d+)[.)]?", line, re.IGNORECASE)
+        m = re.fullmatch(r"(?:action\s*:?\s*)?(\d{1,9})[.)]?", line, re.IGNORECASE)
         if m and 1 <= int(m.group(1)) <= len(admissible):
             return admissible[int(m.group(1)) - 1], {"parse": "number"}
     raw = re.sub(r"^(?:action\s*:\s*|\d+[.)]\s*)", "", lines[-1], flags=re.IGNORECASE)

@@ -8,7 +8,8 @@ spec:
 
 Each turn the agent sees the game's feedback and the numbered admissible commands; a
 response is mapped to one of them by `rlany.envs.parse_action` (number, text, prefix,
-fuzzy), and anything else answers "Nothing happens." without touching the game. The
+fuzzy), and anything else answers "Nothing happens." (a response the reading trips over:
+"Error: ...", `rlany.envs.read_action`) without touching the game. The
 episode succeeds when the game is won; it ends when it is won or lost or at `max_steps`.
 Score announcements and the end-of-game banner are cut from what the agent (and the
 judge) sees, so the last observation does not reveal the outcome.
@@ -35,7 +36,7 @@ import re
 import warnings
 from pathlib import Path
 
-from rlany.envs import Edit, StepResult, parse_action
+from rlany.envs import Edit, StepResult, parse_action, read_action
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -104,10 +105,11 @@ class AlfworldEnv:
 
     def step(self, response: str) -> StepResult:
         self.steps += 1
-        action, info = parse_action(response, self.admissible)
+        read, why = read_action(parse_action, response, self.admissible)
+        action, info = read or (None, {"parse": "error", "invalid_action": why})
         won = lost = False
         if action is None:
-            feedback = "Nothing happens."
+            feedback = f"Error: {why}" if why else "Nothing happens."
             info = {**info, "label": -1}
         else:
             state, _, _ = self.game.step(action)

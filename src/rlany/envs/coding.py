@@ -10,8 +10,9 @@ The policy answers in one turn with a Python program (the last ```python block, 
 last ``` block, else the whole answer). All tests run in one sandboxed process where safe
 (`rlany.sandbox.run_tests`); the episode succeeds when every test's output matches
 token-wise. The final observation does not reveal the verdict; the step info counts the
-passed tests and the sandbox statuses. Single-step: no step labels (the outcome labels the
-one step).
+passed tests and the sandbox statuses (a jail that does not start is the env's error; a
+response the reading trips over, `rlany.envs.read_action`, a failed episode). Single-step:
+no step labels (the outcome labels the one step).
 
 `edits(spec, direction)` (needs `solution`): harder = one example fewer shown, the upper
 bound of a stated range "(A <= n <= B)" raised with a test at the new bound, or a test at a
@@ -26,7 +27,7 @@ from __future__ import annotations
 import random
 import re
 
-from rlany.envs import Edit, StepResult
+from rlany.envs import Edit, StepResult, read_action
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -61,7 +62,11 @@ class CodingEnv:
     def step(self, response: str) -> StepResult:
         from rlany.sandbox import Limits, outputs_match, run_tests
 
-        code = extract_code(response)
+        code, why = read_action(extract_code, response)
+        if code is None:  # the response cannot be read as a program: the policy's failure
+            return StepResult(obs="(the episode has ended)", done=True, success=False,
+                              info={"passed": 0, "total": len(self.spec["tests"]),
+                                    "invalid_action": why})
         tests = self.spec["tests"]
         results = run_tests(code, [t["input"] for t in tests],
                             Limits(cpu_s=float(self.spec.get("time_limit", 2.0))))

@@ -20,7 +20,8 @@ Goal kinds (ALFWorld's, plus an easy `pick` level to start small models on):
 A response is mapped to an action: a number picks from the list, else the last non-empty
 line is matched: an unambiguous prefix of one action, else the nearest admissible
 action by rapidfuzz ratio (cutoff 80); the
-match and its score are recorded in the step info. Anything else: "Nothing happens."
+match and its score are recorded in the step info. Anything else: "Nothing happens." (a
+response the reading trips over: "Error: ...", `rlany.envs.read_action`).
 
 Step labels: every step's info has "label": +1 when the action lies on a shortest plan to
 the goal from the state it was taken in (d(s') = d(s) - 1, d from the exact search in
@@ -40,7 +41,7 @@ from __future__ import annotations
 import random
 from copy import deepcopy
 
-from rlany.envs import StepResult, parse_action
+from rlany.envs import StepResult, parse_action, read_action
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -105,9 +106,10 @@ class HouseholdEnv:
 
     def step(self, response: str) -> StepResult:
         self.steps += 1
-        admissible = self.admissible()
-        action, info = parse_action(response, admissible)
-        feedback = self._apply(action) if action else "Nothing happens."
+        read, why = read_action(parse_action, response, self.admissible())
+        action, info = read or (None, {"parse": "error", "invalid_action": why})
+        feedback = self._apply(action) if action else f"Error: {why}" if why else \
+            "Nothing happens."
         success = self._goal_met()
         if self.label:  # on a shortest plan to the goal: d(s') = d(s) - 1
             before, self.dist = self.dist, 0 if success else self._distance()

@@ -24,8 +24,9 @@ press, hover, scroll and mouse_click, answered as a listed line (its number or i
 is exactly the text answered. A listed line answered with a slip maps to the nearest one
 (`rlany.envs.parse_action`). The action runs as it was read (not re-read from its listed
 line). An action the page cannot do (no such element, not a text field, no such option, an
-unknown key, numbers that are not finite or a click off the window) is answered
-"Error: ..." in one line before the next observation; an answer that names no action is
+unknown key, numbers that are not finite or a click off the window), or one the reading
+trips over (`rlany.envs.read_action`: text with a lone surrogate, a ref of 10,000 digits), is
+answered "Error: ..." in one line before the next observation; an answer that names no action is
 answered "Nothing happens.". The episode ends when MiniWoB
 ends it (success: MiniWoB's raw reward > 0) or at max_steps. MiniWoB's 10-second episode
 timer is lifted (a policy model may take longer to answer) and its reward is not
@@ -62,7 +63,7 @@ import time
 import weakref
 from pathlib import Path
 
-from rlany.envs import Edit, Observation, StepResult, parse_action, save_screen
+from rlany.envs import Edit, Observation, StepResult, parse_action, read_action, save_screen
 from rlany.envs import miniwob_actions as acts
 from rlany.envs import miniwob_page as page
 from rlany.envs.browser import browser
@@ -140,7 +141,8 @@ class MiniwobEnv:
 
     def step(self, response: str) -> StepResult:
         self.steps += 1
-        action, act, info, error = self._parse(response)
+        read, why = read_action(self._parse, response)
+        action, act, info, error = read or (None, None, {"parse": "error"}, why)
         good = set(self._expert()) if self.spec["task"] in PLANS else None
         before, retries = self.screen, self.retries
         if action is not None:
@@ -268,6 +270,7 @@ class MiniwobEnv:
             how = "plain"
         if error:
             return None, None, {"parse": "bad call"}, error
+        (act.text + "".join(act.options)).encode()  # text a page can be sent (no surrogate)
         return acts.show(act, self.rows), act, {"parse": how}, None
 
     def _observe(self) -> None:

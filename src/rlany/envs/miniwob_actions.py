@@ -182,7 +182,7 @@ def from_call(line: str) -> tuple[Act | None, str | None]:
     verb = VERBS[name]
     if "bid" in args:
         bid = str(args["bid"])
-        if not bid.isdigit():
+        if not bid.isdecimal() or len(bid) > 9:  # '²' is a digit int() refuses
             return None, f"{usage}: bid must be an element's number, got {bid!r:.40}"
         ref = int(bid)
         if verb == "select":

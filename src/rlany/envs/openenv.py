@@ -28,7 +28,9 @@ Episode: one WebSocket session (`openenv_wire`): reset with spec.reset, then one
 response. The response becomes the action: with admissible actions, the one it names (the
 server's own value, e.g. an int); else the stripped response converted to the field's
 schema type (integer, number, boolean, array/object as JSON); a response that does not
-convert is not sent ("Invalid action: ..."; the episode goes on). A step the server rejects
+convert is not sent ("Invalid action: ..."; the episode goes on), nor is one whose reading
+raises or whose value JSON cannot encode (NaN, a set, bytes, a lone surrogate: "Error: ...",
+`openenv_actions`). A step the server rejects
 (VALIDATION_ERROR) shows "The server rejected the action: ..." and goes on; one its env
 raised at (EXECUTION_ERROR) ends the episode as an errored one (`episode_errors`).
 Outcome: the server's `done` ends the episode; success when the last reward
@@ -77,11 +79,11 @@ than through openenv's own client; why is said there. Needs `pip install 'rlany[
 from __future__ import annotations
 
 import json
-import re
 import time
 import weakref
 
-from rlany.envs import EnvBusy, Observation, StepResult, parse_action
+from rlany.envs import EnvBusy, Observation, StepResult, read_action
+from rlany.envs import openenv_actions as actions
 from rlany.envs import openenv_tools as tools
 from rlany.envs import openenv_wire as wire
 from rlany.envs.openenv_tasks import PROMPT, make_tasks, spec_problems  # noqa: F401 (CLI)
@@ -133,9 +135,10 @@ class OpenenvEnv:
         info: dict = {}
         if self.steps == 1 and self.retries:
             info["session_retries"] = self.retries
-        action, value, why = self._parse(response)
-        if why:
-            return self._again(f"Invalid action: {why}.", info)
+        read, error = read_action(self._parse, response)
+        action, value, why = read or (None, None, None)
+        if why or error:  # the policy's text is no action: not sent, the episode goes on
+            return self._again(f"Invalid action: {why}." if why else f"Error: {error}", info)
         try:
             data = self.session.call({"type": "step", "data": value}, "a step")
         except wire.ServerError as e:
@@ -279,7 +282,7 @@ class OpenenvEnv:
             text = "\n".join(f"{k}: {_show(v)}" for k, v in obs.items())
         if self.options and not data.get("done"):
             names = list(self.options)
-            text += ("\nAdmissible actions: " + ", ".join(names) if _numeric(names) else
+            text += ("\nAdmissible actions: " + ", ".join(names) if actions.numeric(names) else
                      "\nAdmissible actions:\n" + "\n".join(f"{i}. {a}"
                                                           for i, a in enumerate(names, 1)))
         if self.tools is not None and self.steps == 0:
@@ -314,57 +317,14 @@ class OpenenvEnv:
         return name, next((k for k in kinds if k and k != "null"), "string")
 
     def _parse(self, response: str) -> tuple[str | None, dict | None, str | None]:
-        """(action text, the step's data, why it is invalid)."""
-        lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
-        if self.tools is not None:
-            try:
-                name, arguments = tools.parse(response, self.tools)
-            except tools.BadCall as e:
-                return None, None, str(e)
-            return tools.call_text(name, arguments), {"type": "call_tool", "tool_name": name,
-                                                      "arguments": arguments}, None
-        if self.spec.get("action_json"):
-            found = tools.json_objects(response)
-            if not found:
-                return None, None, "the response holds no JSON object"
-            return json.dumps(found[-1]), found[-1], None
-        if self.options is not None:
-            last = lines[-1].rstrip(".") if lines else ""
-            if last not in self.options and not _numeric(list(self.options)):
-                lower = {a.lower(): a for a in self.options}
-                hit, _ = parse_action(response, list(lower))
-                last = lower.get(hit, last) if hit else last
-            if last not in self.options:
-                return None, None, "not one of the admissible actions"
-            return last, {self.field: self.options[last]}, None
-        text = response.strip()
-        try:
-            value = _convert(text, self.kind)
-        except ValueError:
-            return None, None, f"{self.field} must be {self.kind}, got {text[:40]!r}"
-        return text, {self.field: value}, None
-
-
-def _convert(text: str, kind: str):
-    if kind == "integer":
-        return int(text)
-    if kind == "number":
-        return float(text)
-    if kind == "boolean":
-        if text.lower() not in ("true", "false"):
-            raise ValueError(text)
-        return text.lower() == "true"
-    if kind in ("array", "object"):
-        return json.loads(text)
-    return text
+        """(action text, the step's data, why it is no valid action): `openenv_actions`."""
+        return actions.read(response, calls=self.tools,
+                            action_json=bool(self.spec.get("action_json")),
+                            options=self.options, field=self.field, kind=self.kind)
 
 
 def _show(v) -> str:
     return v if isinstance(v, str) else json.dumps(v)
-
-
-def _numeric(names: list[str]) -> bool:
-    return all(re.fullmatch(r"-?\d+(\.\d+)?", a) for a in names)
 
 
 def _argv0(command) -> str:

@@ -3,7 +3,8 @@
 spec: `{"question": str, "answer": str}`. The policy answers in one turn; the answer is the
 content of the last `\\boxed{}`, else the text after the last "answer:", else the last
 number in the response. It is compared as a number when both sides are numbers, else as a
-normalized string. The final observation says only that the episode ended: it must not tell
+normalized string; a response that reading trips over (`rlany.envs.read_action`) is a
+wrong answer. The final observation says only that the episode ended: it must not tell
 the judge whether the answer was right.
 
 `make_tasks` knobs: `digits` (operand size, 1 = single digits), `terms` (how many operands),
@@ -24,7 +25,7 @@ import random
 import re
 import zlib
 
-from rlany.envs import Edit, StepResult
+from rlany.envs import Edit, StepResult, read_action
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -52,6 +53,12 @@ def same_answer(got: str | None, want: str) -> bool:
         return abs(float(g) - float(w)) < 1e-9
     except ValueError:
         return g.lower().rstrip(".") == w.lower().rstrip(".")
+
+
+def _grade(response: str, answer: str) -> tuple[str | None, bool]:
+    """(the answer the response gives, whether it is right)."""
+    got = extract_answer(response)
+    return got, same_answer(got, answer)
 
 
 def _arith(expr: str) -> int | None:
@@ -95,10 +102,12 @@ class ReasoningEnv:
 
     def step(self, response: str) -> StepResult:
         assert self.task is not None, "reset() first"
-        got = extract_answer(response)
-        ok = same_answer(got, str(self.task.spec["answer"]))
+        read, why = read_action(_grade, response, str(self.task.spec["answer"]))
+        got, ok = read or (None, False)
+        info = {"answer": got, "parsed": got is not None,
+                **({"invalid_action": why} if why else {})}
         return StepResult(obs="(the episode has ended)", done=True, success=ok, action=got,
-                          info={"answer": got, "parsed": got is not None})
+                          info=info)
 
     def describe(self, task: Task) -> str:
         return f"Question: {task.spec['question']}\nAnswer: {task.spec['answer']}"

@@ -2,8 +2,13 @@
 
 An episode ends with finish "error" when its env raised: at reset (it never began: no
 browser, a URL the env cannot use, a server whose schema names no action field) or at a
-step. Its outcome -1 says nothing about the policy, so `eval` counts it in no success rate
-(`errored` instead) and `score` trains on none of it and leaves it out of the task's acc.
+step, for a failure of its own whatever the action (the browser died, the server's
+connection broke or it answered garbage, the sandbox's jail did not start). Its outcome -1
+says nothing about the policy, so `eval` counts it in no success rate (`errored` instead)
+and `score` trains on none of it and leaves it out of the task's acc. What the policy's
+text makes fail is never an env error: an env reads the text in one guarded call
+(`rlany.envs.read_action`), answers an unreadable action "Error: ...", and the episode
+goes on or fails as the policy's, counted in every rate.
 
 `rollout` and `eval` count errors as task groups complete (`watched`) and fail in one line
 (exit 1), before their output is written, when

@@ -4,10 +4,10 @@ Policy: success rate over the episodes that ran, pass@k per task with the unbias
 estimator 1 - C(n-c, k) / C(n, k) (n samples that ran, c successes), averaged over the tasks
 with at least k, and mean steps; where the env gives rewards (`info.reward`, e.g. openenv),
 `mean_return` (the env's return per episode, `rlany.stages.env_reward`; None without).
-An episode the env failed (finish "error") has no outcome: it counts in `errored` and in
-no rate, and the judge is measured without it; above `--max-error-share` errored episodes,
-or with none that ran, the eval fails in one line and writes nothing
-(`rlany.stages.episode_errors`).
+An episode the env failed (finish "error": the env's own failure, never the policy's text)
+has no outcome: in `errored`, in no rate, the judge measured without it; above
+`--max-error-share` errored episodes, or with none that ran, the eval fails in one line and
+writes nothing (`rlany.stages.episode_errors`).
 
 Judge (optional): the reward model judges the eval trajectories.
 * `judge_step_accuracy`: against the environment's own step labels (`info["label"]`, +1 or

@@ -6,10 +6,10 @@ whose chat history is identical (all n at the first turn) become one request wit
 samples, so they share the prompt's KV cache. Each response goes to its episode's
 `env.step`; the step keeps the exact messages the policy saw. An episode ends when the env
 says done (outcome +1 on success, else -1), at `max_steps` (finish "max_steps", outcome -1),
-or when the env raises (finish "error", outcome -1, the message in the step info, or in the
-trajectory's `error` at reset). An errored episode has no outcome: no rate counts it and
-nothing trains on it; an env that cannot start, or errors on more than `max_error_share` of
-the episodes, fails the stage before it writes its output (`rlany.stages.episode_errors`).
+or when the env raises, which it does only for its own failures, never for the policy's text
+(`rlany.envs.read_action`): finish "error", the message in the step info (at reset: the
+trajectory's `error`), in no rate, trained on by nothing. An env that cannot start, or errors
+on more than `max_error_share` of the episodes, fails the stage unwritten (`episode_errors`).
 
 Image observations (GUI envs): the newest user message carries the current screen as image
 parts, earlier ones their text only; a step records the images it was shown and the next.
