@@ -40,7 +40,7 @@ from __future__ import annotations
 import random
 from copy import deepcopy
 
-from rlany.envs import StepResult, parse_action
+from rlany.envs import StepResult, after_first_line, parse_action
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -116,6 +116,8 @@ class HouseholdEnv:
         done = success or self.steps >= self.spec.get("max_steps", 20)
         obs = feedback if done else self._observe(feedback)
         return StepResult(obs=obs, done=done, success=success, action=action, info=info)
+
+    state_key = staticmethod(after_first_line)  # an observation without its feedback line
 
     def describe(self, task: Task) -> str:
         spec = task.spec
