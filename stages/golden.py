@@ -14,12 +14,16 @@ from pathlib import Path
 
 STAGES = Path(__file__).parent
 
-# stage folder -> (CLI arguments with {dir} for the folder and {out} for a scratch folder,
+# stage folder (or a case's folder inside it) -> (CLI arguments with {dir} for the folder and {out} for a scratch folder,
 #                  golden output files produced in {out})
 GOLDEN = {
     "score": (["score", "-i", "{dir}/in.jsonl", "-j", "{dir}/in.judgments.jsonl",
                "-o", "{out}/out.jsonl", "--stats", "{out}/out.task_stats.jsonl"],
               ["out.jsonl", "out.task_stats.jsonl"]),
+    # a case of one flag: its own folder under the stage's
+    "score/gigpo": (["score", "-i", "{dir}/in.jsonl", "-o", "{out}/out.jsonl",
+                     "--stats", "{out}/out.task_stats.jsonl", "--step-credit", "gigpo"],
+                    ["out.jsonl", "out.task_stats.jsonl"]),
 }
 
 

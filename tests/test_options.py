@@ -85,6 +85,10 @@ def test_flag_field_and_toml_key_are_one_name(tmp_path):
                     with pytest.raises(RlanyError, match="last_step_only = true"):
                         _config(tmp_path, text)
                     continue
+                if key in ("gigpo_weight", "gamma", "gigpo_norm"):  # GiGPO's own
+                    with pytest.raises(RlanyError, match=f"{key} is GiGPO's"):
+                        _config(tmp_path, text)
+                    text += 'step_credit = "gigpo"\n'
                 cfg = _config(tmp_path, text)
                 assert cfg.options(table, **_io(cls)).__getattribute__(key) is not None
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
 from rlany.errors import RlanyError
-from rlany.records import SCHEMA_VERSION, from_json, guess_kind, to_json
+from rlany.records import SCHEMA_VERSION, from_json, to_json
 
 R = TypeVar("R")
 
@@ -30,6 +30,23 @@ MAX_DEPTH = 100
 _TOO_DEEP = f"JSON nested too deeply (more than {MAX_DEPTH} levels)"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # how a lone surrogate gets in: \ud800
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+# Fields whose presence tells which stage wrote a file, for a helpful error message.
+_SIGNATURES = {
+    "tasks": {"env", "spec", "prompt"},
+    "trajectories": {"steps", "outcome", "finish"},
+    "judgments": {"judge", "steps"},
+    "scored": {"task_acc", "steps"},
+    "task stats": {"acc", "policy_keep"},
+}
+
+
+def guess_kind(obj: dict) -> str | None:
+    for kind in ("scored", "task stats", "judgments", "trajectories", "tasks"):
+        if _SIGNATURES[kind] <= obj.keys():
+            return kind
+    return None
 
 
 def _reject_constant(name: str) -> Any:

@@ -102,6 +102,9 @@ class Step:
     token_ids: list[int] | None = _optional()
     logprobs: list[float] | None = _optional()
     finish_reason: str | None = _optional()
+    # the digest of the env's state key of `obs` (`rlany.envs.KeysStates`: which steps of a
+    # task's rollouts met the same state, `score --step-credit gigpo`); absent: the env has none
+    state: str | None = _optional()
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ class ScoredStep:
     response: str
     step_score: float  # mean_j S_ij over the m judge samples (0 without a judge)
     reward: float  # R_i = O + lambda * step_score
-    advantage: float  # standardized across the task's trajectories at this step index
+    advantage: float  # standardized across the task's trajectories at this step index (or GiGPO's)
     keep: bool  # used for policy training
     truncated: bool = False  # the response hit max_tokens: trained without a closing EOS
     token_ids: list[int] | None = _optional()  # the sampled response ids (see Step)
@@ -199,6 +202,9 @@ class ScoredStep:
     # what the judge's verdict on this step must agree with (R_it, or the env label under
     # `score --rm-target label`); None where the step gives no reward-model data
     rm_target: float | None = _optional()
+    # `score --step-credit gigpo` (rlany.stages.gigpo): the step's anchor group and size, its
+    # discounted return and the two advantages that make `advantage`; absent otherwise
+    gigpo: dict | None = _optional()
 
 
 @dataclass(frozen=True)
@@ -253,23 +259,6 @@ class TaskStats:
 # JSON <-> dataclass
 
 R = TypeVar("R")
-
-# Fields whose presence tells which stage wrote a file, for a helpful error message.
-_SIGNATURES = {
-    "tasks": {"env", "spec", "prompt"},
-    "trajectories": {"steps", "outcome", "finish"},
-    "judgments": {"judge", "steps"},
-    "scored": {"task_acc", "steps"},
-    "task stats": {"acc", "policy_keep"},
-}
-
-
-def guess_kind(obj: dict) -> str | None:
-    for kind in ("scored", "task stats", "judgments", "trajectories", "tasks"):
-        if _SIGNATURES[kind] <= obj.keys():
-            return kind
-    return None
-
 
 @cache
 def _hints(cls: type) -> dict[str, Any]:

@@ -25,6 +25,11 @@ verdicts against these labels. Such an env may also offer `expert_action() -> st
 the next action of a shortest plan from the current state; `rlany rollout --expert` plays it
 to write demonstrations for `rlany sft` (a warm start).
 A module may also offer `make_tasks(n, seed, **knobs) -> list[Task]`.
+An env may offer `state_key(observation) -> str`: the part of an observation that is the
+env's state, so that two steps whose keys are equal met the same state (household and
+miniwob leave out the feedback on the last action). Rollout records its digest per step
+(`Step.state`, `state_digest`); `score --step-credit gigpo` groups a task's steps by it
+(anchor states), and hashes the whole observation for an env without it.
 An env may offer `close()`: release what the episode holds (a browser tab, a server's
 session); rollout calls it when the episode ends. An env whose episodes share a limited
 resource (a server's sessions) raises `EnvBusy` from `reset` while this process's live
@@ -172,6 +177,32 @@ class MeasuresDifficulty(Protocol):
     means per iteration."""
 
     def difficulty(self, spec: dict) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class KeysStates(Protocol):
+    """Names the state an observation shows (`state_key`, the module doc)."""
+
+    def state_key(self, observation: str) -> str: ...
+
+
+def state_hash(key: str) -> str:
+    """An exact digest of a state key: sha256, its first 16 hex digits (64 bits)."""
+    import hashlib
+
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def state_digest(env: Environment, observation: str) -> str | None:
+    """What rollout records as a step's `state`: the digest of the env's state key of the
+    observation the step answers; None for an env without `state_key`."""
+    return state_hash(env.state_key(observation)) if isinstance(env, KeysStates) else None
+
+
+def after_first_line(observation: str) -> str:
+    """A state key for envs whose observation opens with one line of feedback on the last
+    action (household): the rest of it."""
+    return observation.partition("\n")[2] or observation
 
 
 # name -> "module:attribute" of a class/factory taking no arguments

@@ -18,10 +18,9 @@ Goal kinds (ALFWorld's, plus an easy `pick` level to start small models on):
     look_at_in_light  hold an OBJ and use a desklamp in the same room
 
 A response is mapped to an action: a number picks from the list, else the last non-empty
-line is matched: an unambiguous prefix of one action, else the nearest admissible
-action by rapidfuzz ratio (cutoff 80); the
-match and its score are recorded in the step info. Anything else: "Nothing happens." (a
-response the reading trips over: "Error: ...", `rlany.envs.read_action`).
+line is matched: an unambiguous prefix of one action, else the nearest admissible action
+by rapidfuzz ratio (cutoff 80); the match and its score are recorded in the step info.
+Anything else: "Nothing happens." (text the reading trips over: "Error: ...", `read_action`).
 
 Step labels: every step's info has "label": +1 when the action lies on a shortest plan to
 the goal from the state it was taken in (d(s') = d(s) - 1, d from the exact search in
@@ -41,7 +40,7 @@ from __future__ import annotations
 import random
 from copy import deepcopy
 
-from rlany.envs import StepResult, parse_action, read_action
+from rlany.envs import StepResult, after_first_line, parse_action, read_action
 from rlany.errors import RlanyError
 from rlany.records import Lineage, Task
 
@@ -118,6 +117,8 @@ class HouseholdEnv:
         done = success or self.steps >= self.spec.get("max_steps", 20)
         obs = feedback if done else self._observe(feedback)
         return StepResult(obs=obs, done=done, success=success, action=action, info=info)
+
+    state_key = staticmethod(after_first_line)  # an observation without its feedback line
 
     def describe(self, task: Task) -> str:
         spec = task.spec

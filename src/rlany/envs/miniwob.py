@@ -171,6 +171,14 @@ class MiniwobEnv:
         return StepResult(obs=obs, done=done, success=success, action=action, info=info,
                           images=images)
 
+    def state_key(self, observation: str) -> str:
+        """The page as listed (from its `Instruction:` line), without the feedback on the
+        last action before it and without the first page's hint."""
+        page_text = observation[max(observation.find("Instruction: "), 0):]
+        hint = self.spec.get("hint")
+        return page_text.replace(f"\nHint: {hint}\nPage elements:", "\nPage elements:", 1) \
+            if hint else page_text
+
     def describe(self, task: Task) -> str:
         spec = task.spec
         what = PLANS.get(spec["task"], (0, "a MiniWoB web task"))[1]

@@ -100,6 +100,7 @@ COMMANDS = (
         examples=(
             "rlany score -i trajectories.jsonl -j judgments.jsonl -o scored.jsonl",
             "rlany score -i trajectories.jsonl --lam 0 -o scored.jsonl --stats stats.jsonl",
+            "rlany score -i trajectories.jsonl -o scored.jsonl --step-credit gigpo",
         )),
     Command("train-policy", train_policy, train_policy.TrainOptions, "borrows",
         "Update the policy with PPO-clip on the kept scored steps (prompt messages -> the "

@@ -90,6 +90,24 @@ def outcomes(group: Group, source: str) -> list[float]:
     return out
 
 
+def outcome_rewards(group: Group, source: str) -> list[list[float]]:
+    """e_it: O_i on GiGPO's scale, put on the steps where the env gave it (`score
+    --step-credit gigpo`, rlany.stages.gigpo): success, 1 at the last step of an episode
+    that succeeded; return, each step's r_t; final-reward, r_{T-1} at the last step; 0 at
+    every other step. Σ_t e_it is the episode's return (1 or 0 under success)."""
+    out = []
+    for where, tr, _ in group:
+        e = [0.0] * len(tr.steps)
+        if source == "return":
+            e = _checked(where, tr, f"--outcome {source}")
+        elif e and source == "final-reward":
+            e[-1] = _checked(where, tr, f"--outcome {source}")[-1]
+        elif e:
+            e[-1] = 1.0 if tr.outcome == 1 else 0.0
+        out.append(e)
+    return out
+
+
 def step_scores(group: Group, source: str, verdict: Callable[[Judgment | None, int], float]
                 ) -> list[list[float]]:
     """S̄_it of each step under `--step-scores source`: `verdict(judgment, t)` (the judge's

@@ -50,6 +50,10 @@ def collect_metrics(d: Path) -> dict:
         "judge_parse_fail_rate": judge.get("parse_fail_rate"),
         "judge_outcome_agreement": score.get("judge_outcome_agreement"),
         "lam": score.get("lam"),  # lambda as scored: below [score] lam under lam_gate
+        # [score] step_credit = "gigpo": the share of steps whose anchor state another step
+        # of the task's rollouts met too, and the steps per anchor group (rlany.stages.gigpo)
+        "anchor_shared_share": score.get("anchor_shared_share"),
+        "anchor_group_mean": score.get("anchor_group_mean"),
         # the judge on this iteration's rollouts: vs the env's step labels, and its +1 share
         "judge_label_accuracy": judge.get("label_accuracy"),
         "judge_positive_share": judge.get("positive_share"),

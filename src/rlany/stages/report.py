@@ -203,6 +203,18 @@ def iteration_table(run: dict) -> str:
     return "\n".join(lines)
 
 
+def anchor_table(run: dict) -> str | None:
+    """GiGPO's anchor groups per iteration (only a run scored with `step_credit = "gigpo"`
+    has them): whether states recurred enough for its step advantage to act."""
+    rows = [r for r in run["rows"] if r.get("anchor_shared_share") is not None]
+    if not rows:
+        return None
+    return "\n".join(["| iteration | steps sharing their anchor state | steps per anchor "
+                      "group |", "|---|---|---|"] + [
+        f"| {r['iteration']} | {_fmt(r['anchor_shared_share'])} | "
+        f"{_fmt(r.get('anchor_group_mean'))} |" for r in rows])
+
+
 def comparison_table(runs: list[dict]) -> str:
     lines = ["| run | eval success before | eval success after | judge step acc before | "
              "judge step acc after | accepted tasks (total) |", "|---|---|---|---|---|---|"]
@@ -265,6 +277,8 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
             md += ["Seconds per iteration:", "", table, ""]
         if table := env_table(run):
             md += ["The environment loop:", "", table, ""]
+        if table := anchor_table(run):
+            md += ["GiGPO's anchor groups:", "", table, ""]
         if run["base"]:
             md += [f"Base model eval success: {_fmt(run['base'].get('success_rate'))}, judge "
                    f"step accuracy: {_fmt(run['base'].get('judge_step_accuracy'))}", ""]

@@ -27,6 +27,9 @@ PLOTS = [
     ("candidate_acc", "success on decided candidates"),
     ("candidate_parent_acc", "their parents' success"),
     ("policy_loss", "policy loss"),
+    # GiGPO's anchor groups ([score] step_credit = "gigpo")
+    ("anchor_shared_share", "steps sharing their anchor state"),
+    ("anchor_group_mean", "steps per anchor group"),
 ]
 
 

@@ -46,7 +46,7 @@ from rlany.engines import (
     real_token_ids,
     stable_seed,
 )
-from rlany.envs import EnvBusy, Environment, split_obs
+from rlany.envs import EnvBusy, Environment, split_obs, state_digest
 from rlany.errors import RlanyError
 from rlany.options import EngineFields, opt
 from rlany.records import Step, Task, Trajectory, traj_id
@@ -244,15 +244,15 @@ def _close(env: Environment, which: str) -> None:
 def _advance(e: _Episode, request_messages: list[dict], completion: Completion,
              real_ids: bool = True) -> None:
     obs, response = e.obs, completion.text
-    sampled = {"token_ids": completion.token_ids if real_ids else None,
-               "logprobs": completion.logprobs if real_ids else None,
-               "finish_reason": completion.finish_reason}
+    recorded = {"token_ids": completion.token_ids if real_ids else None,
+                "logprobs": completion.logprobs if real_ids else None,
+                "finish_reason": completion.finish_reason, "state": state_digest(e.env, obs)}
     try:
         result = e.env.step(response)
     except Exception as exc:
         e.steps.append(Step(obs=obs, prompt_messages=request_messages, response=response,
                             action=None, next_obs="", images=e.images,
-                            info={"error": f"step: {type(exc).__name__}: {exc}"}, **sampled))
+                            info={"error": f"step: {type(exc).__name__}: {exc}"}, **recorded))
         e.finish = "error"
         return
     info = dict(result.info)
@@ -261,7 +261,7 @@ def _advance(e: _Episode, request_messages: list[dict], completion: Completion,
     next_images = [str(p) for p in result.images]
     e.steps.append(Step(obs=obs, prompt_messages=request_messages, response=response,
                         action=result.action, next_obs=result.obs, info=info, images=e.images,
-                        next_images=next_images, **sampled))
+                        next_images=next_images, **recorded))
     if result.done:
         e.finish, e.success = ("success" if result.success else "failure"), result.success
         return

@@ -53,6 +53,11 @@ Task filter for the policy (`--uniform-tasks`): a task whose n rollouts all succ
 fail carries no outcome contrast. `separated` (default) keeps it only if step rewards still
 separate its trajectories at some shared step index; `drop` always drops it; `keep` never does.
 
+Step credit (`--step-credit`): the A_it above is `step-index`, the paper's; `gigpo` gives
+each step GiGPO's A = A^E + w·A^S instead, its episode's return normalized over the task's
+trajectories plus its discounted return normalized among the steps that met the same
+state, with S̄ in the step rewards (rlany.stages.gigpo). The reward model's side is the same.
+
 Errored episodes (finish "error": the env raised, so O_i = -1 is no outcome) take no part:
 not in n or acc(q), not in any I_t, not trained by either learner (`rlany.stages.episode_errors`).
 
@@ -72,18 +77,20 @@ from pathlib import Path
 from rlany.errors import RlanyError
 from rlany.options import opt
 from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
-from rlany.stages.advantages import standardize
+from rlany.stages.advantages import Credit, standardize, step_index_advantages
 from rlany.stages.env_reward import OUTCOMES, STEP_SCORES, labels, outcomes
 from rlany.stages.env_reward import step_scores as env_step_scores
 from rlany.stages.episode_errors import errored
+from rlany.stages.gigpo import AnchorCounts, StepCreditFields, gigpo_credit
 from rlany.stages.lam_gate import gated_lambda, judge_stats
 from rlany.stages.pairing import group_origin, groups, paired
 from rlany.stages.rm_balance import balanced
+from rlany.stages.task_filter import policy_filter, rm_filter
 from rlany.stages.unit_tests import unit_test_rewards
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScoreOptions:
+class ScoreOptions(StepCreditFields):
     input: str = opt("-", "trajectories.jsonl; - for stdin (the default).", scope="io", short="-i")
     output: str = opt("scored.jsonl", "scored.jsonl; - for stdout.", scope="io", short="-o")
     judgments: str | None = opt(None, "judgments.jsonl from `rlany judge`, in trajectory order. "
@@ -98,8 +105,9 @@ class ScoreOptions:
                         "a judge at chance then adds nothing (rlany.stages.lam_gate).",
                         choices=("none", "agreement"), diagnostic=True)
     lone_step: str = opt("raw", "A step index reached by only one trajectory: keep its raw R "
-                         "as the advantage (reference behaviour) or drop it (zero).",
-                         choices=("raw", "zero"))
+                         "as the advantage (reference behaviour) or drop it (zero). Under "
+                         "--step-credit gigpo: a task with one trajectory that ran (its "
+                         "episode advantage is its return, or 0).", choices=("raw", "zero"))
     uniform_tasks: str = opt("separated", "Tasks whose rollouts all succeed or all fail: keep "
                              "for the policy only if step rewards separate them (separated), "
                              "never (drop) or always (keep).",
@@ -141,6 +149,7 @@ class ScoreOptions:
                        choices=OUTCOMES)
 
     def check(self, name) -> None:
+        self.check_step_credit(name)
         if self.rm_acc_min > self.rm_acc_max:
             raise RlanyError(f"need {name('rm_acc_min')} <= {name('rm_acc_max')}, got "
                              f"{self.rm_acc_min} > {self.rm_acc_max}")
@@ -157,7 +166,6 @@ class ScoreOptions:
 
 
 Located = tuple[str, object]  # ("path:line", record)
-NO_RUN = "every episode errored: no outcome"
 
 
 def score_stream(trajectories: Iterable[tuple[str, Trajectory]],
@@ -184,16 +192,14 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
     outcome = outcomes(group, opts.outcome)
     step_scores = _step_scores(group, opts)
     rewards = [[o + opts.lam * s for s in scores] for o, scores in zip(outcome, step_scores)]
-    advantages, separated = _advantages(rewards, ran, opts.lone_step)
+    credit = _policy_credit(group, ran, rewards, step_scores, opts)  # A_it (--step-credit)
+    advantages = credit.advantages
 
     candidate = any(t.extra.get("candidate") for t in trajs) and opts.candidates == "trial"
     uniform = len({o for o, ok in zip(outcome, ran) if ok}) == 1  # all succeed / all fail
-    policy_keep, policy_reason = (_policy_filter(candidate, uniform, separated,
-                                                 opts.uniform_tasks) if n else (False, NO_RUN))
-    rm_keep = n > 0 and opts.rm_acc_min <= acc <= opts.rm_acc_max and not candidate
-    rm_reason = ("candidate task, not accepted yet" if candidate else NO_RUN if not n else
-                 "acc within rm range" if rm_keep else
-                 f"acc {acc:.2f} outside [{opts.rm_acc_min}, {opts.rm_acc_max}]")
+    policy_keep, policy_reason = policy_filter(candidate, n, uniform, credit.separated,
+                                               opts.uniform_tasks)
+    rm_keep, rm_reason = rm_filter(candidate, n, acc, opts.rm_acc_min, opts.rm_acc_max)
 
     tests = unit_test_rewards([(w, tr, j if ok else None) for (w, tr, j), ok in zip(group, ran)],
                               rm_keep, opts.unparseable_penalty)
@@ -222,6 +228,7 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                 step_score=step_scores[i][t], reward=rewards[i][t], advantage=advantages[i][t],
                 keep=keep, judge=judge, truncated=bool(step.info.get("truncated", False)),
                 token_ids=step.token_ids, logprobs=step.logprobs,
+                gigpo=credit.steps[i][t] if credit.steps else None,
                 judge_messages=judgment.steps[t].judge_messages
                 if judgment and judgment.steps else None,
                 rm_target=verdict_targets[i][t] if judged else None))
@@ -242,52 +249,26 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
         rm_reason=rm_reason, policy_samples=policy_samples, rm_samples=rm_samples,
         **judge_stats([trajs[k] for k in idx], [judgments[k] for k in idx],
                       [step_scores[k] for k in idx]),
-        extra={**group_origin(trajs),
+        extra={**group_origin(trajs), **credit.stats,
                **({"errored": len(trajs) - n, "ran": n} if n < len(trajs) else {}),
                **({"env_outcome_mean": statistics.fmean(outcome[k] for k in idx)}
                   if opts.outcome != "success" and idx else {})})
     return scored, stats
 
 
-def _advantages(rewards: list[list[float]], ran: list[bool], lone_step: str
-                ) -> tuple[list[list[float]], bool]:
-    """A_it: R standardized across the trajectories that ran and reach step index t (an
-    errored one keeps 0), and whether any step index separates them."""
-    advantages = [[0.0] * len(r) for r in rewards]
-    separated = False
-    for t in range(max((len(r) for r in rewards), default=0)):
-        members = [i for i, r in enumerate(rewards) if ran[i] and t < len(r)]
-        if not members:
-            continue
-        if len(members) == 1:
-            i = members[0]
-            advantages[i][t] = rewards[i][t] if lone_step == "raw" else 0.0
-            continue
-        std_adv = standardize([rewards[i][t] for i in members])
-        separated |= any(a != 0.0 for a in std_adv)
-        for i, a in zip(members, std_adv):
-            advantages[i][t] = a
-    return advantages, separated
+def _policy_credit(group: list[tuple[str, Trajectory, Judgment | None]], ran: list[bool],
+                   rewards: list[list[float]], step_scores: list[list[float]],
+                   opts: ScoreOptions) -> Credit:
+    """A_it under `--step-credit`: R standardized at each step index, or GiGPO's."""
+    if opts.step_credit == "gigpo":
+        return gigpo_credit(group, ran, step_scores, opts)
+    return step_index_advantages(rewards, ran, opts.lone_step)
 
 
 def _step_scores(group: list[tuple[str, Trajectory, Judgment | None]], opts: ScoreOptions
                  ) -> list[list[float]]:
     """S̄_it of each step: the mean verdict, or the env's label or step reward."""
     return env_step_scores(group, opts.step_scores, _mean_score)
-
-
-def _policy_filter(candidate: bool, uniform: bool, separated: bool, uniform_tasks: str
-                   ) -> tuple[bool, str]:
-    """(keep, reason): does the policy train on this task? (`--uniform-tasks`, above)"""
-    if candidate:
-        return False, "candidate task, not accepted yet"
-    if not uniform:
-        return True, "mixed outcomes"
-    if uniform_tasks == "keep":
-        return True, "uniform outcome, kept by --uniform-tasks keep"
-    if uniform_tasks == "separated" and separated:
-        return True, "uniform outcome, step rewards separate"
-    return False, "uniform outcome"
 
 
 def _mean_score(judgment: Judgment | None, t: int) -> float:
@@ -339,6 +320,7 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
               "errored": 0, "policy_samples": 0, "rm_samples": 0}
     acc_sum = agree_sum = env_sum = 0.0
     agree_n = 0
+    anchors = AnchorCounts()  # --step-credit gigpo: the pool's anchor groups
     scoring = opts
     if opts.lam_gate == "agreement":  # a pre-pass over the input (stdin was spooled above)
         lam, counts["lam_gate"] = gated_lambda(
@@ -363,6 +345,7 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
             if task_stats.extra.get("ran") == 0:
                 continue  # no episode ran: the task has no accuracy to average
             counts["pool_tasks"] += 1
+            anchors.add(task_stats.extra)
             acc_sum += task_stats.acc
             env_sum += task_stats.extra.get("env_outcome_mean", 0.0)
             if task_stats.judge_outcome_agreement is not None:
@@ -370,6 +353,8 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
                 agree_n += 1
     counts["mean_acc"] = acc_sum / max(counts["pool_tasks"], 1)
     counts["judge_outcome_agreement"] = agree_sum / agree_n if agree_n else None
+    if opts.step_credit == "gigpo":
+        counts.update(anchors.counts())
     if opts.outcome != "success":  # the pool's mean O, as mean_acc is its share of successes
         counts["env_outcome"] = {"source": opts.outcome,
                                  "mean": env_sum / max(counts["pool_tasks"], 1)}
@@ -391,6 +376,9 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
 def _tail(counts: dict) -> str:
     env = counts.get("env_outcome")
     tail = f", mean outcome {env['mean']:.4g} (env {env['source']})" if env else ""
+    if counts.get("anchor_shared_share") is not None:  # --step-credit gigpo
+        tail += (f", {counts['anchor_shared_share']:.0%} of steps share their anchor state "
+                 f"(mean group size {counts['anchor_group_mean']:.2f})")
     gate = counts.get("lam_gate")
     if not gate:
         return tail
