@@ -24,8 +24,7 @@ Anything else: "Nothing happens." (text the reading trips over: "Error: ...", `r
 
 Step labels: every step's info has "label": +1 when the action lies on a shortest plan to
 the goal from the state it was taken in (d(s') = d(s) - 1, d from the exact search in
-`household_plan`), else -1 (detours, no-ops, unparseable responses). `rlany eval --judge`
-measures the judge against them.
+`household_plan`), else -1 (detours, no-ops, unreadable). `eval --judge` measures the judge.
 
 The spec is JSON a rewriter can edit (goal kind, object and target types, hint, layout,
 max_steps); `validate` checks it is well-formed, not already solved and solvable within
