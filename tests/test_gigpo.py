@@ -270,3 +270,20 @@ def test_loop_metrics_and_report(tmp_path):
     assert {"anchor_shared_share.png", "anchor_group_mean.png"} <= written
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| 0 | 0.970 | 5.250 |" in md
+
+
+def test_a_state_key_that_raises_keys_the_step_on_its_observation():
+    """A plug-in env whose state_key raises (or gives no text) costs its episode nothing:
+    the step records no state and score hashes its observation instead."""
+    from rlany.envs import state_digest
+
+    class Broken:
+        def state_key(self, observation: str) -> str:
+            raise ValueError("no state here")
+
+    class Silent:
+        def state_key(self, observation: str):
+            return None
+
+    assert state_digest(Broken(), "obs") is None
+    assert state_digest(Silent(), "obs") is None

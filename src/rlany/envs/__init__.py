@@ -195,8 +195,15 @@ def state_hash(key: str) -> str:
 
 def state_digest(env: Environment, observation: str) -> str | None:
     """What rollout records as a step's `state`: the digest of the env's state key of the
-    observation the step answers; None for an env without `state_key`."""
-    return state_hash(env.state_key(observation)) if isinstance(env, KeysStates) else None
+    observation the step answers; None for an env without `state_key`, or whose `state_key`
+    raised or gave no text (score then hashes the whole observation)."""
+    if not isinstance(env, KeysStates):
+        return None
+    try:
+        key = env.state_key(observation)
+    except Exception:  # a plug-in's key: the step keys on its observation instead
+        return None
+    return state_hash(key) if isinstance(key, str) else None
 
 
 def after_first_line(observation: str) -> str:
