@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -279,3 +280,58 @@ def test_two_launched_processes_train_as_one_does(tmp_path, tiny_model):
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("line,world", [
+    ("torchrun --nproc_per_node 2", 2), ("torchrun --nnodes 2 --nproc_per_node 8", 16),
+    ("torchrun --nproc_per_node auto", None), ("torchrun --nnodes 1:4 --nproc_per_node 2", None),
+    ("accelerate launch --cpu --num_processes 2", 2),
+    ("accelerate launch --config_file examples/accelerate/multinode-2x8.yaml", 16),
+    ("python", 1), ("python -m torch.distributed.run --nproc_per_node 2", 2)])
+def test_the_world_size_is_read_from_the_launchers_own_options(line, world, monkeypatch):
+    from rlany.stages.loop_launch import world_size
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}"
+                       f"{os.environ['PATH']}")
+    assert world_size(line.replace("python", sys.executable, 1) if line.startswith("python")
+                      else line, "loop.toml") == world
+
+
+def test_a_launch_that_forms_no_group_of_its_size_is_refused_in_one_line(tmp_path,
+                                                                          tiny_model):
+    """`accelerate launch --cpu --num_processes 2` starts one process: the loop tells the
+    trainer the size its launcher was given (RLANY_WORLD_SIZE, in the printed line too),
+    and a trainer whose group is smaller refuses in one line before it loads anything;
+    torchrun's 2 processes without ACCELERATE_USE_CPU=true each see a group of 1 and
+    refuse the same way (WORLD_SIZE)."""
+    from conftest import one_line
+
+    run = setup_run(tmp_path, tiny_model, body=LEAN,
+                    launch='train = "accelerate launch --cpu --num_processes 2"')
+    plan = rlany(run, "loop", "loop.toml", "--print-plan")
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "env RLANY_WORLD_SIZE=2 accelerate launch --cpu --num_processes 2 -m rlany " \
+        "train-policy" in plan.stdout
+    r = rlany(run, "train-policy", "-i", "none.jsonl", "-o", "ckpt", "--model", "model",
+              RLANY_WORLD_SIZE="2")
+    line = one_line(r, 1)
+    assert "form a group of 1, but the launcher's options asked for 2" in line, line
+    assert not (run / "ckpt").exists()
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "rlany",
+         "train-policy", "-i", "none.jsonl", "-o", "ckpt", "--model", "model"], cwd=run,
+        capture_output=True, text=True, timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"})
+    assert two.returncode != 0
+    assert two.stderr.count("form a group of 1, but torch's WORLD_SIZE asked for 2") == 2, \
+        two.stderr[-3000:]
+    assert not (run / "ckpt").exists()
+
+
+def test_a_checkpoint_records_its_world_size(tmp_path, tiny_model):
+    run = setup_run(tmp_path, tiny_model, body=LEAN)
+    r = rlany(run, "loop", "loop.toml", "--stop-after", "0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((run / "runs" / "a" / "iter_000" / "policy" / "rlany.json").read_text())
+    assert info["world_size"] == 1

@@ -19,6 +19,7 @@ class Stub(BaseHTTPRequestHandler):
     already = False  # /load_lora_adapter answers as vLLM does for a name another loaded
     seen: list = []
     echo_logprobs: list = []  # what /completions echoes for the prompt's tokens
+    token_ids = False  # each chat choice carries its sampled ids (vLLM's return_token_ids)
 
     def log_message(self, *args):
         pass
@@ -48,7 +49,8 @@ class Stub(BaseHTTPRequestHandler):
             n = body["n"]
             out = json.dumps({"choices": [
                 {"index": k, "message": {"content": f"{body['model']} says {k}"},
-                 "finish_reason": Stub.finish,
+                 "finish_reason": Stub.finish, **({"token_ids": [7, 8]} if Stub.token_ids
+                                                  else {}),
                  "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.0}]}}
                 for k in range(n)], "usage": {"prompt_tokens": 7, "completion_tokens": 2 * n}}
             ).encode()
@@ -64,6 +66,7 @@ def server():
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     Stub.seen, Stub.fail_first, Stub.already, Stub.finish = [], 0, False, "stop"
+    Stub.token_ids = False
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
 
@@ -165,3 +168,22 @@ def test_an_adapter_another_process_loaded_serves_only_if_its_probe_says_ok(serv
     with pytest.raises(RlanyError, match="could not confirm it holds these weights") as err:
         engine().generate([Request(messages, Sampling(max_tokens=2), adapter=str(paths["plain"]))])
     assert err.value.message.startswith(server) and "None" not in err.value.hint
+
+
+def test_the_first_batch_of_a_served_rollout_has_its_token_ids_and_logprobs(server):
+    """A server that returns its sampled ids says so in its first answer: the first batch
+    of a rollout records them as every later one does (a shard's first batch is then the
+    unsharded run's bytes)."""
+    from rlany import envs
+    from rlany.records import Task
+    from rlany.stages.rollout import RolloutOptions, rollout
+
+    Stub.token_ids = True
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    tasks = [Task(task_id=f"t{i}", env="reasoning", spec={"question": "1+1?", "answer": "2"},
+                  prompt="") for i in range(2)]
+    opts = RolloutOptions(n=2, batch_tasks=1, max_tokens=2)
+    steps = [s for g in rollout(tasks, eng, envs.make_env, opts) for t in g for s in t.steps]
+    assert len(steps) == 4
+    assert all(s.token_ids == [7, 8] and s.logprobs == [-0.5, -1.0] for s in steps), steps

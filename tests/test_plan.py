@@ -180,7 +180,7 @@ def test_a_plan_starts_one_server_per_endpoint_and_stops_them_for_training(tmp_p
     shard1 = next(x for x in lines if "--shard 1/2" in x and "rollout" in x)
     assert "--base-url http://127.0.0.1:8000/v1" in shard0 and "CUDA_VISIBLE" not in shard0
     assert "--base-url http://gpu-node-2:8001/v1" in shard1
-    serve = [x for x in lines if "nohup vllm serve" in x]
+    serve = [x for x in lines if "nohup setsid vllm serve" in x]
     assert serve[0].startswith("  bash -c ") and "CUDA_VISIBLE_DEVICES=0" in serve[0]
     assert serve[1].startswith("  ssh -n gpu-node-2 ") and "--port 8001" in serve[1]
     assert "--enable-lora --max-lora-rank 4" in serve[0] and "trap stop_servers EXIT" in lines
@@ -205,9 +205,10 @@ def test_a_plans_servers_load_the_models_files_and_count_this_hosts_gpus_once(tm
     keys = ('engine = "openai"\nbase_url = "http://127.0.0.1:8000/v1,'
             'http://localhost:8001/v1,http://gpu-node-2:8000/v1"')
     run, plan = printed_plan(tmp_path, tiny_model, keys, 'serve = "vllm serve"')
-    serve = [x for x in plan.stdout.splitlines() if "nohup vllm serve" in x]
+    serve = [x for x in plan.stdout.splitlines() if "nohup setsid vllm serve" in x]
     model = str((run / "model").resolve())
-    assert all(f"vllm serve {model} --served-model-name model " in x for x in serve), serve[0]
+    assert all(f"vllm serve --model {model} --served-model-name model " in x for x in serve), \
+        serve[0]
     assert ["CUDA_VISIBLE_DEVICES=0" in serve[0], "CUDA_VISIBLE_DEVICES=1" in serve[1],
             "CUDA_VISIBLE_DEVICES=0" in serve[2]] == [True] * 3
     assert serve[1].startswith("  bash -c ") and serve[2].startswith("  ssh -n gpu-node-2 ")
@@ -227,24 +228,63 @@ def test_a_shard_resumed_with_errors_joins_to_a_success_rate_within_the_shards()
     assert joined["errored"] == 4 and joined["trajectories"] == 16
 
 
+def _shards(tmp_path: Path, n: int) -> tuple[Path, list[Path]]:
+    """A plan's n rollout shards (each with its sidecar, its own endpoint and its bytes'
+    sha256) and trajectories.jsonl, their join in shard order by `cat`."""
+    import hashlib
+
+    from rlany.stages.loop_shards import shard_paths
+
+    out = tmp_path / "trajectories.jsonl"
+    parts = shard_paths(out, n)
+    parts[0].parent.mkdir()
+    for i, p in enumerate(parts):
+        p.write_text(f'{{"traj_id": "t{i}"}}\n')
+        flags = {"shard": f"{i}/{n}", "output": str(p), "n": 4, "temperature": 1.0,
+                 "base_url": f"http://h{i}:8000/v1"}
+        meta = {"stage": "rollout", "flags": flags, "counts": {"trajectories": 1},
+                "inputs": [{"path": "tasks.jsonl", "sha256": "ab"}],
+                "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        p.with_name(p.name[:-len(".jsonl")] + ".meta.json").write_text(json.dumps(meta))
+    out.write_text("".join(p.read_text() for p in parts))
+    return out, parts
+
+
+def test_shards_joined_out_of_order_are_joined_again_by_the_loop_refused_by_a_plan(tmp_path):
+    """12 shards joined by a glob (`cat shards/trajectories.*`: 10-of-12 sorts before
+    2-of-12): as long as the shards together, one run's, yet not the unsharded bytes. A plan
+    refuses it in one line and writes nothing; the loop joins the shards again in shard
+    order; a shard changed after its sidecar was written is refused."""
+    from rlany.errors import RlanyError
+    from rlany.stages.loop_shards import adopt
+
+    out, parts = _shards(tmp_path, 12)
+    globbed = sorted(parts, key=lambda p: p.name)
+    assert globbed != parts
+    out.write_text("".join(p.read_text() for p in globbed))
+    with pytest.raises(RlanyError, match="not the plan's shards joined in shard order"):
+        adopt(str(out), write=False)
+    assert out.read_text() == "".join(p.read_text() for p in globbed)
+    assert not out.with_name("trajectories.meta.json").exists()
+    assert adopt(str(out), write=True)
+    assert out.read_text() == "".join(p.read_text() for p in parts)
+    meta = json.loads(out.with_name("trajectories.meta.json").read_text())
+    assert meta["joined_from"] == [str(p) for p in parts]
+    assert meta["flags"]["base_url"] == ",".join(f"http://h{i}:8000/v1" for i in range(12))
+    out.with_name("trajectories.meta.json").unlink()
+    parts[3].write_text('{"traj_id": "tX"}\n')  # same size, other bytes
+    with pytest.raises(RlanyError, match="not the ones its sidecar records"):
+        adopt(str(out), write=True)
+
+
 def test_shards_of_different_runs_are_not_joined(tmp_path):
     """A plan's rollout shards 0-1 made before the config changed and 2-3 after: each has
     its sidecar and `cat` joins them to the right size, yet they are not one run's. The
     loop refuses the join in one line naming a shard; shards that agree are adopted."""
     from rlany.errors import RlanyError
-    from rlany.stages.loop_shards import adopt, shard_paths
+    from rlany.stages.loop_shards import adopt
 
-    out = tmp_path / "trajectories.jsonl"
-    parts = shard_paths(out, 4)
-    parts[0].parent.mkdir()
-    for i, p in enumerate(parts):
-        p.write_text(f'{{"traj_id": "t{i}"}}\n')
-        flags = {"shard": f"{i}/4", "output": str(p), "n": 4, "temperature": 1.0,
-                 "base_url": f"http://h{i}:8000/v1"}
-        meta = {"stage": "rollout", "flags": flags, "counts": {"trajectories": 1},
-                "inputs": [{"path": "tasks.jsonl", "sha256": "ab"}]}
-        p.with_name(p.name[:-len(".jsonl")] + ".meta.json").write_text(json.dumps(meta))
-    out.write_text("".join(p.read_text() for p in parts))
+    out, parts = _shards(tmp_path, 4)
     assert adopt(str(out), write=False)  # their own shard, output and endpoint differ
     late = parts[2].with_name(parts[2].name[:-len(".jsonl")] + ".meta.json")
     meta = json.loads(late.read_text())
@@ -299,3 +339,118 @@ def test_print_plan_refuses_flags_that_run_stages(tmp_path, tiny_model, args, me
     run = setup_run(tmp_path, tiny_model)
     r = rlany(run, "loop", "loop.toml", "--print-plan", *args)
     assert r.returncode == 2 and message in r.stderr and not (run / "runs").exists()
+
+
+FAKE_SERVE = '''
+import argparse, http.server, json, os, subprocess, sys, time
+p = argparse.ArgumentParser()
+p.add_argument("--port", type=int)
+p.add_argument("--host")
+p.add_argument("--fail", action="store_true")
+args, _ = p.parse_known_args()
+if args.fail:
+    print("boom: this server cannot load its model", flush=True)
+    sys.exit(1)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # an engine
+with open(f"pids.{args.port}", "w") as f:
+    json.dump([os.getpid(), child.pid], f)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b'{"data": []}')
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer((args.host, args.port), H).serve_forever()
+'''
+
+
+def _served_plan(tmp_path, tiny_model, serve: str):
+    """A plan for two endpoints of this host whose `[launch] serve` is a stand-in server
+    (it answers /v1/models and starts a child, as vLLM starts its engine), and the ports."""
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    (tmp_path / "fake_serve.py").write_text(FAKE_SERVE)
+    keys = ('engine = "openai"\nbase_url = "'
+            + ",".join(f"http://127.0.0.1:{p}/v1" for p in ports) + '"')
+    run, plan = printed_plan(tmp_path, tiny_model, keys,
+                             f'serve = "{sys.executable} fake_serve.py{serve}"')
+    head = plan.stdout.split("\ntrap stop_servers EXIT\n")[0] + "\ntrap stop_servers EXIT\n"
+    return run, head, ports
+
+
+def test_no_server_outlives_the_plans_script(tmp_path, tiny_model):
+    """The pid file holds the server's own pid (not a shell's around it); stopping it stops
+    its process group, the child it started too; after the script no process of it is left
+    (by pid) and its port is closed."""
+    import socket
+
+    run, head, ports = _served_plan(tmp_path, tiny_model, "")
+    (run / "s.sh").write_text(head + "start_servers\ncat runs/a/servers/0.pid "
+                              "runs/a/servers/1.pid > recorded\n")
+    r = subprocess.run(["bash", "s.sh"], cwd=run, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    recorded = [int(x) for x in (run / "recorded").read_text().split()]
+    pids = [json.loads((run / f"pids.{p}").read_text()) for p in ports]
+    assert recorded == [server for server, _ in pids]
+    for pid in (x for pair in pids for x in pair):
+        try:  # gone, or a zombie nobody reaped yet
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except FileNotFoundError:
+            continue
+        assert state == "Z", f"process {pid} outlived the script"
+    for port in ports:
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"
+    assert not (run / "runs" / "a" / "servers" / "0.pid").exists()
+
+
+def test_ready_gives_up_at_once_when_the_server_exited(tmp_path, tiny_model):
+    """A server that exits before it answers: `start_servers` fails in seconds, not 20
+    minutes, and shows the end of the server's log."""
+    import time
+
+    run, head, _ = _served_plan(tmp_path, tiny_model, " --fail")
+    (run / "s.sh").write_text(head + "start_servers\n")
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", "s.sh"], cwd=run, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and time.monotonic() - t0 < 60
+    assert "exited before it answered" in r.stderr, r.stderr
+    assert "boom: this server cannot load its model" in r.stderr
+
+
+def test_a_plan_of_learn_toml_in_3_shards_gives_every_shard_work(tmp_path, tiny_model):
+    """examples/household/learn.toml draws 16 tasks (one batch of the default 16): in 3
+    shards, batches of 6, 6 and 4 (its 32 held-out tasks: 11, 11, 10; the judge's 128
+    trajectories in groups of 8: 48, 48, 32), and every shard gets work."""
+    from rlany.shards import take
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    text = (ROOT / "examples" / "household" / "learn.toml").read_text()
+    (tmp_path / "learn.toml").write_text(text + "\n[launch]\nshards = 3\n")
+    plan = rlany(tmp_path, "loop", "learn.toml", "--print-plan", "--step-feedback",
+                 "--set", f'model="{tiny_model}"', "--set", 'engine="hf"')
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    for stage, flag, size, items, each in (("rollout", "--batch-tasks", 6, 16, 1),
+                                           ("judge", "--batch-trajectories", 43, 16, 8),
+                                           ("eval", "--batch-tasks", 11, 32, 1)):
+        lines = [x for x in plan.stdout.splitlines() if f"rlany {stage} " in x
+                 and "--shard" in x]
+        assert len(lines) >= 3 and all(f"{flag} {size} " in x for x in lines), (stage, lines)
+        for i in range(3):
+            got, _ = take(list(range(items)), size, (i, 3), stage=stage, batch_flag=flag,
+                          sizes=[each] * items)
+            assert got, (stage, i)
+
+
+def test_batches_are_sized_for_the_shards_only_where_needed():
+    from rlany.stages.loop_batches import even_limit
+
+    assert even_limit([1] * 16, 3, 16) == 6
+    assert even_limit([1] * 16, 2, 8) == 8       # already 2 batches: the config's
+    assert even_limit([1] * 10, 6, 16) == 1      # 10 batches of 1 for 6 shards
+    assert even_limit([1] * 2, 4, 16) == 1       # fewer items than shards: one per batch
+    assert even_limit([8] * 16, 3, 64) == 43

@@ -225,6 +225,19 @@ def test_eval_join_refuses_shards_that_do_not_make_one_run(files):
                             stdin="".join(text[n] for n in names))
         assert got == code and message in err, (names, err)
         assert len(err.strip().splitlines()) == 1 and not (d / "j.json").exists()
+    # a shard's rows edited after it wrote them; shards whose tasks leave a gap
+    edited = json.loads(text["e.0.json"])
+    edited["per_task"][0]["successes"] += 1
+    moved = json.loads(text["e.1.json"])
+    moved["shard"]["start"] += 1
+    for parts, message in (([json.dumps(edited), text["e.1.json"]],
+                            "shard 0/3's rows and counts are not the ones it wrote"),
+                           ([text["e.0.json"], json.dumps(moved)],
+                            "not the ones after shard 0's")):
+        got, _, err = rlany("eval", "--join", "-", "-o", str(d / "j.json"),
+                            stdin="".join([*parts, text["e.2.json"]]))
+        assert got == 1 and message in err and len(err.strip().splitlines()) == 1, err
+        assert not (d / "j.json").exists()
     got, _, err = rlany("eval", "--join", "-", "-o", str(d / "j.json"), "--n", "2",
                         stdin=text["e.0.json"])
     assert got == 2 and "--n does not go with it" in err

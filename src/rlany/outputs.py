@@ -360,12 +360,15 @@ def write_meta(output: str | Path, *, stage: str, flags: dict[str, Any],
                inputs: list[JsonlReader | dict], counts: dict[str, Any], started: float,
                versions: tuple[str, ...] = ()) -> None:
     """Write the `X.meta.json` sidecar of `output` atomically (nothing for stdout)."""
+    from rlany.provenance import sha256_file
+
     if str(output) == "-":
         return
     meta = {
         "schema_version": SCHEMA_VERSION,
         "stage": stage,
         "output": Path(output).name,
+        "sha256": sha256_file(output) if Path(output).is_file() else None,  # a join checks it
         "flags": {k: (str(v) if isinstance(v, Path) else v) for k, v in flags.items()},
         "inputs": [i if isinstance(i, dict) else
                    {"path": i.name, "sha256": i.sha256, "records": i.count} for i in inputs],

@@ -31,7 +31,11 @@ from rlany.errors import RlanyError, UsageError
 from rlany.options import opt
 
 SPEC = re.compile(r"([0-9]+)/([0-9]+)")
-SHARD_KEYS = ("shard", "output", "trajectories", "join")  # flags that differ between shards
+# The one definition of the flags that may differ between shards of one run: the shard's
+# own, its output (and eval's trajectories), its endpoint (a plan gives each shard one of
+# --base-url's), eval's --join. Every join (`eval --join`, the loop adopting a plan's `cat`)
+# compares all the other flags.
+SHARD_KEYS = ("shard", "output", "trajectories", "join", "base_url")
 
 
 JOINED = ("The N outputs, concatenated in shard order (cat), are the unsharded output byte "
@@ -161,7 +165,29 @@ def in_order(parts: list[tuple[str, dict]], name: str) -> list[dict]:
         raise RlanyError(f"the shards are not 0..{n - 1} of {n}: missing "
                          f"{', '.join(missing) or 'none'}, got {sorted(by_index)}", where=name,
                          hint="give every shard's summary once")
+    end = 0  # shard i's tasks begin where shard i-1's ended; the last ends with the input
+    for i in range(n):
+        where, part = by_index[i]
+        shard = part["shard"]
+        if digest(part.get("per_task"), part["sums"]) != shard.get("sha256"):
+            raise RlanyError(f"shard {i}/{n}'s rows and counts are not the ones it wrote (their "
+                             "sha256 differs from its record)", where=where,
+                             hint="run that shard again")
+        if shard.get("start") != end or i == n - 1 and shard.get("end") != shard.get("total"):
+            raise RlanyError(f"shard {i}/{n} covers tasks [{shard.get('start')}, "
+                             f"{shard.get('end')}) of {shard.get('total')}, not the ones "
+                             f"after shard {i - 1}'s (which end at {end})" if i else
+                             f"shard 0/{n} does not begin with the first task", where=where)
+        end = shard.get("end")
     return [by_index[i][1] for i in range(n)]
+
+
+def digest(per_task: Any, sums: dict) -> str:
+    """sha256 of an eval shard's rows and counts (canonical JSON): what `--join` checks."""
+    import hashlib
+
+    data = json.dumps([per_task, sums], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(data.encode()).hexdigest()
 
 
 def _same_run(first: tuple[str, dict], other: tuple[str, dict]) -> None:
@@ -186,8 +212,8 @@ def shard_flags(flags: dict) -> dict:
     return {k: v for k, v in flags.items() if k not in SHARD_KEYS}
 
 
-def differing_flags(a: dict, b: dict, also: tuple[str, ...] = ()) -> list[str]:
+def differing_flags(a: dict, b: dict) -> list[str]:
     """The flags two shards of one run would share that they do not (sorted): all but each
-    shard's own (`SHARD_KEYS`) and `also`."""
+    shard's own (`SHARD_KEYS`)."""
     fa, fb = shard_flags(a), shard_flags(b)
-    return sorted(k for k in set(fa) | set(fb) if k not in also and fa.get(k) != fb.get(k))
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))

@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields
 from statistics import fmean
 
 from rlany import limits
-from rlany.errors import RlanyError, UsageError
+from rlany.errors import RlanyError
 from rlany.options import opt
 from rlany.prompts import VERDICT_MODES
 from rlany.records import MODES, Judgment, Trajectory
@@ -249,6 +249,7 @@ def run(opts: EvalOptions, engine=None) -> dict:
     from rlany.stages.rollout import rollout
 
     if opts.join is not None:
+        from rlany.stages.eval_join import join
         return join(opts)
     started = time.time()
     shard = shards.parse(opts.shard)
@@ -284,7 +285,8 @@ def run(opts: EvalOptions, engine=None) -> dict:
     if shard:  # what `--join` needs: which shard of what, and the counts to add up
         summary["shard"] = {**in_shard["shard"], "input": {"path": reader.name,
                                                            "sha256": reader.sha256},
-                            "flags": shards.shard_flags(flags)}
+                            "flags": shards.shard_flags(flags), "base_url": flags.get(
+                                "base_url"), "sha256": shards.digest(summary["per_task"], sums)}
         summary["sums"] = sums
     _write(summary, opts.output, list(opts.k), flags=flags, inputs=[reader], started=started,
            counts=in_shard)
@@ -312,61 +314,6 @@ def _judge_sums(groups: list[list[Trajectory]], engine, batch_tasks: int, jopts)
                 tests[key] = tests.get(key, 0) + value
         sums["unit_tests"] = tests
     return sums
-
-
-def join(opts: EvalOptions) -> dict:
-    """`--join`: the unsharded summary from the shards' summaries (`rlany.shards`): their
-    task rows in shard order and their counts added up, through `summary_of`; adapter checks
-    are every shard's, wall_time_s the slowest shard's; the sidecar's first input is the
-    tasks file the shards ran (an unsharded eval's only one)."""
-    from rlany import shards
-    from rlany.options import flag
-    from rlany.provenance import sha256_file
-    from rlany.stageio import prepare_paths
-
-    started = time.time()
-    given = [f.name for f in fields(opts) if f.name not in ("join", "output")
-             and getattr(opts, f.name) != f.default]
-    if given:
-        raise UsageError(f"--join adds up the shards' counts: it runs no model and reads no "
-                         f"tasks, so {flag(given[0])} does not go with it; give only --join "
-                         "and -o")
-    path = prepare_paths({"--join": opts.join}, {"--output": opts.output})["--join"]
-    parts = shards.in_order(shards.read_parts(path, opts.join), opts.join)
-    first = parts[0]
-    ks = [int(key[len("pass@"):]) for key in first if key.startswith("pass@")]
-    try:
-        summary = summary_of(first["policy"], [row for p in parts for row in p["per_task"]],
-                             _added([p["sums"] for p in parts]), ks, first.get("judge"))
-        checks = [c for p in parts for c in p.get("adapter_checks", [])]
-        summary.update({"adapter_checks": checks} if checks else {})
-        summary["wall_time_s"] = max(float(p["wall_time_s"]) for p in parts)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise RlanyError(f"a shard's summary is damaged ({type(e).__name__}: {e})",
-                         where=opts.join) from None
-    flags = {**(first["shard"].get("flags") or {}), "shard": None, "trajectories": None,
-             "output": opts.output, "join": opts.join}
-    # the tasks the shards ran first, as an unsharded eval's sidecar has them (`report`
-    # compares evaluations by it), then the summaries joined
-    inputs = [dict(first["shard"]["input"]),
-              {"path": opts.join, "sha256": sha256_file(path), "records": len(parts)}]
-    _write(summary, opts.output, ks, flags=flags, inputs=inputs, started=started,
-           counts={"shards": len(parts)})
-    return summary
-
-
-def _added(sums: list[dict]) -> dict:
-    """Shards' counts added key by key (nested: policy, judge, unit_tests)."""
-    out: dict = {}
-    for s in sums:
-        for key, value in s.items():
-            if isinstance(value, dict):
-                out[key] = _added([out.get(key, {}), value])
-            elif isinstance(value, int) and not isinstance(value, bool):
-                out[key] = out.get(key, 0) + value
-            else:
-                raise ValueError(f"sums {key!r} is not a count")
-    return out
 
 
 def _write(summary: dict, output: str, ks: list[int], *, flags: dict, inputs: list,

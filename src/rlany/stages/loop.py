@@ -261,8 +261,11 @@ class Loop:
 
     def options(self, stage: Stage, d: Path, it: int, **io: Any) -> Any:
         """The options `stage` runs with in directory `d` of iteration `it`."""
+        from rlany.stages.loop_batches import sized
+
         opts = self.cfg.options(stage.table, **{**stage.io(self, d, it), **io})
-        return dataclasses.replace(opts, **stage.forced(self))
+        opts = dataclasses.replace(opts, **stage.forced(self))
+        return dataclasses.replace(opts, **sized(self, stage, opts, it))  # every shard work
 
     def _pool(self, it: int, d: Path) -> None:
         """tasks.jsonl (a copy: no pool is overwritten in place) and rollout_tasks.jsonl

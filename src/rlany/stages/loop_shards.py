@@ -8,11 +8,19 @@ writes no sidecar, so the loop takes such an output as complete when every shard
 is there and the output is exactly as long as the shards together (the plan moves it into
 place whole), and writes its sidecar from the shards' (`joined_meta`): their flags but the
 shard's own, their counts added up, the rates recomputed from the added counts.
+
+A join is checked by identity and order: the shards must be one run's (`one_run`: the
+flags of `rlany.shards.SHARD_KEYS` aside), each shard's file must still hold the bytes its
+sidecar's `sha256` names, and the output must be shard 0's bytes, then shard 1's, ...
+(each slice's digest). Shards joined in another order (a glob sorts `10-of-12` before
+`2-of-12`) are joined again in order by the loop, and refused by a plan, which writes
+nothing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -46,10 +54,63 @@ def adopt(output: str, write: bool) -> bool:
     if out.stat().st_size != sum(p.stat().st_size for p in parts):
         return False
     one_run(parts)
+    if not in_order(out, parts):
+        from rlany.console import info
+        from rlany.errors import RlanyError
+
+        if not write:
+            raise RlanyError("not the plan's shards joined in shard order (a glob that sorts "
+                             "10-of-12 before 2-of-12?)", where=output, hint="delete it: the "
+                             "plan joins the shards again, or `rlany loop` rejoins them")
+        info(f"loop: {output} holds the shards in another order than 0..{len(parts) - 1}: "
+             "joined again in shard order")
+        _rejoin(out, parts)
     if write:
         meta = joined_meta(output, parts)
         write_text_atomic(meta_path(out), json.dumps(meta, indent=2) + "\n")
     return True
+
+
+def in_order(out: Path, parts: list[Path]) -> bool:
+    """Whether `out` is the shards' bytes in shard order: each slice of it has the digest
+    its shard's sidecar records, which the shard's file must still have (else refused)."""
+    import hashlib
+
+    from rlany.errors import RlanyError
+    from rlany.provenance import sha256_file
+
+    ordered = True
+    with open(out, "rb") as f:
+        for p in parts:
+            recorded = json.loads(meta_path(p).read_text(encoding="utf-8")).get("sha256")
+            if recorded != sha256_file(p):
+                raise RlanyError("this shard's bytes are not the ones its sidecar records "
+                                 "(sha256): changed after it was written", where=str(p),
+                                 hint=f"delete {p} and its sidecar to run the shard again")
+            h, left = hashlib.sha256(), p.stat().st_size
+            while left:
+                chunk = f.read(min(left, 1 << 20))
+                h.update(chunk)
+                left -= len(chunk)
+            ordered = ordered and h.hexdigest() == recorded
+    return ordered
+
+
+def _rejoin(out: Path, parts: list[Path]) -> None:
+    """`out` replaced, whole, by the shards concatenated in shard order."""
+    import shutil
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with open(fd, "wb") as f:
+            for p in parts:
+                with open(p, "rb") as part:
+                    shutil.copyfileobj(part, f)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def one_run(parts: list[Path]) -> None:
@@ -67,7 +128,7 @@ def one_run(parts: list[Path]) -> None:
     first = run_of(parts[0])
     for p in parts[1:]:
         flags, inputs = run_of(p)
-        keys = differing_flags(first[0], flags, also=("base_url",))  # each its endpoint
+        keys = differing_flags(first[0], flags)  # all but each shard's own (SHARD_KEYS)
         if keys or inputs != first[1]:
             what = f"other {', '.join(keys)}" if keys else "another input"
             raise RlanyError(f"a shard made with {what} than {parts[0].name}: shards of "
@@ -83,7 +144,9 @@ def joined_meta(output: str, parts: list[Path]) -> dict:
     urls = [m.get("flags", {}).get("base_url") for m in metas]
     if all(urls):  # each shard its own endpoint: together, the unsharded run's
         flags["base_url"] = ",".join(dict.fromkeys(urls))
-    return {**first, "output": Path(output).name, "flags": flags,
+    from rlany.provenance import sha256_file
+
+    return {**first, "output": Path(output).name, "sha256": sha256_file(output), "flags": flags,
             "counts": combine([m.get("counts", {}) for m in metas]),
             "wall_time_s": max(float(m.get("wall_time_s") or 0) for m in metas),
             "joined_from": [str(p) for p in parts]}

@@ -160,7 +160,6 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
                opts: RolloutOptions, policy: dict) -> Iterator[list[Trajectory]]:
     episodes: list[_Episode] = []
     waiting = [(task, k) for task in tasks for k in range(opts.n)]
-    real_ids = real_token_ids(engine)  # the fake engine's ids are made up
     while True:  # an env busy with live episodes' sessions (EnvBusy) waits for one to end
         while waiting and (started := _start(*waiting[0], make_env, may_wait=any(
                 e.finish is None for e in episodes))) is not None:
@@ -187,6 +186,7 @@ def _run_batch(tasks: list[Task], engine: Engine, make_env: Callable[[str], Envi
         results = ([expert_result(g, opts, len(g[0].steps), _choices(g[0]) if
                                   opts.expert_p is not None else ()) for g in members]
                    if opts.expert else engine.generate(requests))
+        real_ids = real_token_ids(engine)  # asked once answered (a server's ids: its answer)
         for group, result in zip(members, results):
             for e, completion in zip(group, result.completions):
                 e.prompt_tokens += len(result.prompt_token_ids)

@@ -50,6 +50,7 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
         prepare_paths,
     )
     from rlany.training.state import side_dirs
+    from rlany.training.world import check_world
 
     started = time.time()
     out = Path(opts.output)
@@ -58,6 +59,7 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
                          hint="choose another --output or delete it")
     if out.exists():
         raise RlanyError("output exists and is not a finished checkpoint", where=opts.output)
+    check_world()  # a launcher's processes, one group of the size asked for
     if opts.adapter and not opts.full:
         check_adapter(opts.adapter)
     check_kl_ref(getattr(opts, "kl_ref", "pre-update"))

@@ -202,7 +202,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
         summary["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(acc.device)
                                                / 2**30, 2)
     _save(acc, model, tokenizer, output, partial,
-          {**meta, "metrics": summary, "options": asdict(opts)},
+          {**meta, "world_size": acc.num_processes, "metrics": summary,
+           "options": asdict(opts)},
           [(s.prompt_ids, s.response_ids) for s in samples[:64]])
     acc.wait_for_everyone()
     return summary
