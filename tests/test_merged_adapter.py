@@ -117,3 +117,40 @@ def test_a_trainer_borrowing_a_merged_engine_trains_from_the_base(tiny_model, ti
     assert all(torch.equal(v, base[k]) for k, v in engine.net.state_dict().items())
     assert not any(p.requires_grad for p in engine.net.parameters())
     assert _ask(engine, tiny_lora, sample) == before
+
+
+def test_the_probe_is_a_training_sample_and_a_wrong_adapter_fails_the_stage(tiny_model,
+                                                                         tmp_path):
+    """The trainer's probe is the candidate the adapter moved furthest (a training sample's
+    response, here: they are what it learned); a rollout with the trained adapter records
+    the check "ok", and the same adapter zeroed fails the stage in one line, exit 1."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from conftest import one_line, run_cli, write_jsonl
+    from rlany.envs.reasoning import make_tasks
+    from test_train import _train
+
+    model, _ = _train(tiny_model, tmp_path, "good", micro_batch=2, grad_accum=1)
+    good = tmp_path / "good"
+    probe = json.loads((good / "rlany.json").read_text())["probe"]
+    from test_train import _samples
+    from transformers import AutoTokenizer
+    responses = [s.response_ids for s in _samples(AutoTokenizer.from_pretrained(tiny_model))]
+    assert probe["response_ids"] in responses
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(2, seed=0))
+    args = ["rollout", "-i", str(tasks), "--model", tiny_model, "--engine", "hf",
+            "--dtype", "float32", "--n", "2", "--max-tokens", "4"]
+    r = run_cli(*args, "-o", str(tmp_path / "ok.jsonl"), "--adapter", str(good))
+    assert r.returncode == 0, r.stderr
+    (check,) = json.loads((tmp_path / "ok.meta.json").read_text())["counts"]["adapter_checks"]
+    assert check["status"] == "ok", check
+    zeroed = tmp_path / "zeroed"
+    shutil.copytree(good, zeroed)
+    weights = load_file(zeroed / "adapter_model.safetensors")
+    save_file({k: v * 0 for k, v in weights.items()}, zeroed / "adapter_model.safetensors")
+    r = run_cli(*args, "-o", str(tmp_path / "bad.jsonl"), "--adapter", str(zeroed))
+    assert "did not reach the engine" in one_line(r, 1)
+    assert not (tmp_path / "bad.jsonl").exists()

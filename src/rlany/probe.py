@@ -1,14 +1,16 @@
-"""Does a LoRA adapter reach the engine? A fixed probe, scored at training time and again
-when an engine loads the adapter.
+"""Does a LoRA adapter reach the engine? A probe, scored at training time and again when
+an engine loads the adapter.
 
-The trainer records the log-probs of a fixed response to a fixed prompt under the trained
-model and under the base model (`rlany.json`, key `probe`). An engine that loads the
-adapter scores the same ids; the adapter counts as loaded when its log-probs are closer to
-the trained model's than to the base model's and within max(0.1, half the trained-vs-base
-distance) of them (mean absolute difference per token: dtype and kernel differences stay
-well under that). A zeroed adapter, an adapter silently not applied, or an adapter of
-another base model fail the check; an adapter that moved less than 0.1 per token from the
-base model cannot be told apart from dtype noise and is reported as `indeterminate`.
+The trainer records the log-probs of a response to a prompt under the trained model and
+under the base model (`rlany.json`, key `probe`): of a few of its own training samples and
+a fixed kitchen question, the one the adapter moved furthest (`record`). An engine that
+loads the adapter scores the same ids; the adapter counts as loaded when its log-probs are
+closer to the trained model's than to the base model's and within max(MIN_GAP, half the
+trained-vs-base distance) of them (mean absolute difference per token: dtype and kernel
+differences stay under that). A zeroed adapter, an adapter silently not applied, or an
+adapter of another base model fail the check; an adapter that moved less than MIN_GAP per
+token from the base model cannot be told apart from dtype noise and is reported as
+`indeterminate`.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from rlany.errors import RlanyError
 
 PROBE_MESSAGES = [{"role": "user", "content": "Name three things you can find in a kitchen."}]
 PROBE_RESPONSE = "A fridge, a sink and a stove."
-# below this mean per-token distance between the trained and the base model, dtype noise
-# (bf16 against fp32: a few hundredths per token) could make a loaded adapter look unloaded
-MIN_GAP = 0.1
+# below this mean per-token distance between the trained and the base model, the engine's
+# own numerical noise could make a loaded adapter look unloaded. Measured (AMD EPYC, bf16):
+# an engine's log-probs of the probe sit 0.010 per token from the trainer's for an adapter
+# 0.090 from the base (make demo, iteration 0), and bf16 generation sits 0.024-0.025 per
+# token from the fp32 model, merged or not (benchmarks/results/adapter-avx512-bfloat16.json);
+# fp32 against fp32: below 1e-4 (tests). Twice bf16's largest noise, 0.05, tells them apart.
+MIN_GAP = 0.05
 PROBE_CANDIDATES = 8  # training samples tried as the probe (each: two forward passes)
 PROBE_MAX_TOKENS = 1024
 
@@ -103,7 +109,7 @@ def check(probe: dict, got: list[float], adapter: str) -> dict:
            "trained_vs_base": round(gap, 5)}
     if gap < MIN_GAP:
         return {**out, "status": "indeterminate"}
-    if d_trained >= d_base or d_trained > max(0.1, gap / 2):
+    if d_trained >= d_base or d_trained > max(MIN_GAP, gap / 2):
         raise RlanyError(
             f"adapter did not reach the engine: on the probe its log-probs are {d_trained:.4f} "
             f"per token from the trainer's and {d_base:.4f} from the base model's (trained "
