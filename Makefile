@@ -134,11 +134,8 @@ bench-learning-miniwob: install
 		--bench learning-miniwob --arms policy-only --seeds 0 1 2 --readme
 
 # the pages where the base model has mixed outcomes (examples/miniwob/mixed.toml,
-# policy-only, 3 seeds x 6 iterations): learning-miniwob-mixed.*; runs that outlived a
-# session travel in research/inflight/ (`research/carry.py`)
+# policy-only, 3 seeds x 6 iterations): learning-miniwob-mixed.*
 bench-learning-miniwob-mixed: install
-	test ! -f research/inflight/learning-miniwob-mixed.tar.gz -o -d runs/learning-miniwob-mixed || \
-	  $(PY) research/carry.py unpack research/inflight/learning-miniwob-mixed.tar.gz
 	$(PY) research/learning.py --config examples/miniwob/mixed.toml \
 		--bench learning-miniwob-mixed --arms policy-only --seeds 0 1 2 --readme
 
@@ -182,14 +179,11 @@ bench-learning-upper: install
 # env's account) and policy-only, seeds interleaved; then +adapt [same-kind] seed 0 (no
 # "goal kind" edits, stepping stones 2: research/README.md's "why"); then full; then
 # +adapt [train] (candidates' rollouts trained on at once: `score --candidates train`, not
-# in the paper). Resumable; a run that outlives a session travels in research/inflight/
-# (`research/carry.py`): unpacked first if there, packed after. Last, what the curriculum
-# accepted and the original tasks' progress (research/env_loop_why.py).
+# in the paper). Resumable on one machine (no run state is committed). Last, what the
+# curriculum accepted and the original tasks' progress (research/env_loop_why.py).
 ADAPT_SETS := --config examples/household/mid.toml --bench learning-adapt-mid --iterations 12 \
 	--set eval_every=6 --set rollout.sample_tasks=8
 bench-learning-adapt: install
-	test ! -f research/inflight/learning-adapt-mid.tar.gz -o -d runs/learning-adapt-mid || \
-	  $(PY) research/carry.py unpack research/inflight/learning-adapt-mid.tar.gz
 	for s in 0 1 2; do for arm in +adapt policy-only; do \
 	  $(PY) research/learning.py $(ADAPT_SETS) --arms $$arm --seeds $$s || exit 1; \
 	done; done
@@ -203,14 +197,11 @@ bench-learning-adapt: install
 
 # The same two arms on learn.toml, where the base model's outcomes are already mixed (the
 # issue's last row): +adapt and policy-only, 12 iterations, evaluations after 6 and 12,
-# seeds interleaved; results research/results/learning-adapt-learn.*. Resumable; a run that
-# outlives a session travels in research/inflight/ (unpacked first if there). Last, what
-# the curriculum accepted, by direction (research/env_loop_why.py).
+# seeds interleaved; results research/results/learning-adapt-learn.*. Resumable on one
+# machine. Last, what the curriculum accepted, by direction (research/env_loop_why.py).
 ADAPT_LEARN_SETS := --config examples/household/learn.toml --bench learning-adapt-learn \
 	--iterations 12 --set eval_every=6
 bench-learning-adapt-learn: install
-	test ! -f research/inflight/learning-adapt-learn.tar.gz -o -d runs/learning-adapt-learn || \
-	  $(PY) research/carry.py unpack research/inflight/learning-adapt-learn.tar.gz
 	for s in 0 1 2; do for arm in +adapt policy-only; do \
 	  $(PY) research/learning.py $(ADAPT_LEARN_SETS) --arms $$arm --seeds $$s || exit 1; \
 	done; done
