@@ -44,7 +44,9 @@ def measure(kind: str, base: str, adapter: str | None, tasks) -> dict:
                                       max_lora_rank=16))
     opts = RolloutOptions(n=8, max_steps=4, max_tokens=16, temperature=1.0, history_turns=1,
                           constrain_actions=True, adapter=adapter, seed=0)
-    list(rollout(tasks[:1], engine, envs.make_env, opts, {}))  # warm-up (and adapter load)
+    # warm-up at full size (and the adapter's load): a process's first rollout of this size
+    # ran 2-4x slower than the next (memory first touched), whatever the engine
+    list(rollout(tasks[1:], engine, envs.make_env, opts, {}))
     t0, tok0 = time.perf_counter(), engine.stats.completion_tokens
     trajs = [t for g in rollout(tasks[1:], engine, envs.make_env, opts, {}) for t in g]
     seconds, tokens = time.perf_counter() - t0, engine.stats.completion_tokens - tok0
