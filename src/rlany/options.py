@@ -96,6 +96,10 @@ class EngineFields:
                                "adapter loaded and verified on each).", scope="run")
     max_lora_rank: int = opt(16, "vllm: largest LoRA rank to serve (adapters are padded to "
                              "it; keep it tight).", scope="run", min=1)
+    allow_unverified_adapter: bool = opt(
+        False, "Serve a LoRA adapter whose probe the engine could not score (or scored NaN): "
+        "without it such an adapter is refused. The sidecar's adapter_checks record it as "
+        "unverified.", scope="run")
     engine_batch: int = opt(64, "hf: sequences per generate call (the n samples of a "
                             "request stay in one call; constrained requests: prompts per "
                             "pass). Larger is faster on a CPU until memory runs short (64 "

@@ -48,7 +48,7 @@ def adopt(output: str, write: bool) -> bool:
     one_run(parts)
     if write:
         meta = joined_meta(output, parts)
-        write_text_atomic(meta_path(out), json.dumps(meta, indent=2) + "\n")
+        write_text_atomic(meta_path(out), json.dumps(meta, indent=2, allow_nan=False) + "\n")
     return True
 
 
