@@ -206,7 +206,7 @@ def test_a_probe_not_scored_or_scored_nan_fails_unless_unverified_adapters_are_a
     nothing said), and a probe scored NaN was "ok" (NaN fails both comparisons), also for
     an adapter another process had loaded under its name (perhaps older weights). Neither
     proved anything: refused, in one line naming the server; with
-    --allow-unverified-adapter served and recorded as "unverified"."""
+    --allow-unverified served and recorded as "unverified"."""
     adapter = _probed(tmp_path / "policy")
     Stub.echo_logprobs, Stub.already = echo, already
     request = Request([{"role": "user", "content": "hi"}], Sampling(max_tokens=2),
@@ -219,7 +219,7 @@ def test_a_probe_not_scored_or_scored_nan_fails_unless_unverified_adapters_are_a
     with pytest.raises(RlanyError) as err:
         engine(False).generate([request])
     assert err.value.message.startswith(server) and why in err.value.message
-    assert "--allow-unverified-adapter" in err.value.hint or already
+    assert "--allow-unverified" in err.value.hint or already
     assert not [p for p, _ in Stub.seen if p.endswith("chat/completions")]
     if already:  # a name another process loaded: only an "ok" probe lets it serve
         with pytest.raises(RlanyError, match="could not confirm it holds these") as err:
@@ -262,8 +262,8 @@ def test_rollout_refuses_an_unverified_adapter_and_records_one_it_was_allowed(
     Stub.served, Stub.echo_logprobs = ("base",), NAN_ECHO
     assert "adapter not verified" in one_line(cli(*argv), 1) and not out.exists()
     argv[argv.index(str(out))] = str(tmp_path / "u.jsonl")  # (t.jsonl.partial: its flags)
-    r = cli(*argv, "--allow-unverified-adapter")
+    r = cli(*argv, "--allow-unverified")
     assert r.returncode == 0, r.stderr
     meta = strict_json((tmp_path / "u.meta.json").read_text())
-    assert meta["flags"]["allow_unverified_adapter"] is True
+    assert meta["flags"]["allow_unverified"] is True
     assert [c["status"] for c in meta["counts"]["adapter_checks"]] == ["unverified"]

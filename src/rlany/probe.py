@@ -11,7 +11,7 @@ another base model fail the check; an adapter that moved less than 0.1 per token
 base model cannot be told apart from dtype noise and is reported as `indeterminate`.
 A probe the engine did not score (a server without echoed log-probs) or scored NaN or
 infinity proves nothing: the adapter is refused, unless the engine was started with
-`--allow-unverified-adapter`, which serves it and records it as `unverified`.
+`--allow-unverified`, which serves it and records it as `unverified`.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Unscored(Exception):
     """The probe was not scored (or scored NaN / infinity): the adapter is unverified."""
 
 
-ALLOW_HINT = ("pass --allow-unverified-adapter (loop key allow_unverified_adapter) to serve "
+ALLOW_HINT = ("pass --allow-unverified (loop key allow_unverified) to serve "
               "adapters the engine cannot verify; the sidecar records them as unverified")
 
 

@@ -229,7 +229,7 @@ def start_engine(opts: Any):
                                       max_model_len=opts.max_model_len, base_url=opts.base_url,
                                       max_lora_rank=opts.max_lora_rank,
                                       batch_size=opts.engine_batch,
-                                      allow_unverified_adapter=opts.allow_unverified_adapter))
+                                      allow_unverified_adapter=opts.allow_unverified))
     engine.choice = {"engine": kind, "reason": reason}
     return engine
 
