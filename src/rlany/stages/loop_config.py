@@ -254,7 +254,10 @@ def _check_launch(cfg: LoopConfig) -> None:
     from rlany.engines.endpoints import split_urls
 
     engine, launch = cfg.run.get("engine"), cfg.launch
-    urls = split_urls(cfg.run.get("base_url"), "'base_url'") if engine == "openai" else []
+    try:
+        urls = split_urls(cfg.run.get("base_url"), "'base_url'") if engine == "openai" else []
+    except RlanyError as e:
+        raise RlanyError(e.message, where=cfg.path, hint=e.hint) from None
     if len(urls) > 1 and launch.shards not in (None, len(urls)):
         raise RlanyError(f"'[launch] shards' = {launch.shards}, but the openai engine has "
                          f"{len(urls)} endpoints: a plan runs one shard per endpoint",
