@@ -90,3 +90,34 @@ def tiny_lora(tiny_model, tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("lora") / "adapter"
     peft_model.save_pretrained(path)
     return str(path)
+
+
+def strict_json(text: str):
+    """JSON as any other reader parses it: NaN and Infinity, which Python's json writes
+    and reads by default, are not JSON and are refused."""
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_json_file_written_is_json(tmp_path_factory):
+    """After the session: every `.json` file under the tests' temp folders (sidecars,
+    summaries, checkpoints' rlany.json, the loop's config.json and done.json) that Python's
+    lenient parser reads is read by the strict one too. A file even the lenient parser
+    refuses was damaged by a test on purpose and is left alone; none writes NaN on purpose."""
+    yield
+    bad = []
+    for path in Path(tmp_path_factory.getbasetemp()).rglob("*.json"):
+        if path.is_symlink() or not path.is_file():  # a test's FIFO or link: never read
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            json.loads(text)
+        except (OSError, ValueError, RecursionError):
+            continue
+        try:
+            strict_json(text)
+        except ValueError as e:
+            bad.append(f"{path}: {e}")
+    assert not bad, "written with NaN or Infinity, not JSON:\n" + "\n".join(bad[:10])

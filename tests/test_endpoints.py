@@ -89,3 +89,18 @@ def test_split_urls():
     assert split_urls("http://a/v1, http://b/v1") == ["http://a/v1", "http://b/v1"]
     with pytest.raises(RlanyError, match="twice"):
         split_urls("http://a/v1,http://a/v1")
+
+
+def test_an_endpoint_serving_another_model_fails_naming_it(two, tmp_path):
+    """Before: its requests were dealt to it beside the right one's (one run, two
+    policies). Its /v1/models must list the model asked for, checked before any request."""
+    two[1][1].served = ("another-model",)
+    urls = ",".join(u for _, _, u in two)
+    eng = make_engine(EngineConfig(kind="openai", model="base", base_url=urls, retries=0,
+                                   timeout_s=5))
+    request = Request([{"role": "user", "content": "q"}], Sampling(max_tokens=2))
+    with pytest.raises(RlanyError, match="serves another-model, not --model base") as err:
+        eng.generate([request, request])
+    assert err.value.where == two[1][2]
+    sent = [p for _, h, _ in two for p, _ in h.seen if p.endswith("chat/completions")]
+    assert sent == []

@@ -45,7 +45,7 @@ dtype = "float32"
     ('train = "python -u"', "takes no arguments here"),
     ('train = "torchrun \'2"', "cannot be split into words"),
     ('train = "/nowhere/torchrun"', "is not on this machine"),
-    ('shards = 0', "'[launch] shards' must be >= 1"),
+    ('shards = 0', "'[launch] shards' must be 1 to 10,000"),
     ('serve = "vllm serve"', "starts the servers of an openai engine"),
 ])
 def test_a_bad_launch_table_fails_at_load_with_one_line(tmp_path, tiny_model, launch,

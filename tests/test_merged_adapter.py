@@ -136,8 +136,9 @@ def test_the_probe_is_a_training_sample_and_a_wrong_adapter_fails_the_stage(tiny
     model, _ = _train(tiny_model, tmp_path, "good", micro_batch=2, grad_accum=1)
     good = tmp_path / "good"
     probe = json.loads((good / "rlany.json").read_text())["probe"]
-    from test_train import _samples
     from transformers import AutoTokenizer
+
+    from test_train import _samples
     responses = [s.response_ids for s in _samples(AutoTokenizer.from_pretrained(tiny_model))]
     assert probe["response_ids"] in responses
     tasks = write_jsonl(tmp_path / "tasks.jsonl", make_tasks(2, seed=0))

@@ -8,6 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from conftest import one_line, strict_json
 from rlany.engines import EngineConfig, Request, Sampling
 from rlany.engines.openai import OpenAIEngine
 from rlany.errors import RlanyError
@@ -20,9 +21,22 @@ class Stub(BaseHTTPRequestHandler):
     seen: list = []
     echo_logprobs: list = []  # what /completions echoes for the prompt's tokens
     token_ids = False  # each chat choice carries its sampled ids (vLLM's return_token_ids)
+    served = ("base", "vlm")  # what /v1/models lists
+    answers_as = None  # the model its chat answers name (None: the one asked for)
 
     def log_message(self, *args):
         pass
+
+    def do_GET(self):
+        if not self.path.endswith("/v1/models"):
+            self.send_error(404)
+            return
+        out = json.dumps({"object": "list", "data": [{"id": m, "object": "model"}
+                                                     for m in self.served]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(out)
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -42,12 +56,13 @@ class Stub(BaseHTTPRequestHandler):
         if self.path.endswith("/load_lora_adapter"):
             out = b"Success"
         elif self.path.endswith("/completions") and "messages" not in body:
-            logprobs = [None, *Stub.echo_logprobs[1:len(body["prompt"])], -0.1]
-            out = json.dumps({"choices": [{"index": 0, "text": "x",
-                                           "logprobs": {"token_logprobs": logprobs}}]}).encode()
+            logprobs = None if Stub.echo_logprobs is None else {"token_logprobs": [  # None:
+                None, *Stub.echo_logprobs[1:len(body["prompt"])], -0.1]}  # a server that
+            out = json.dumps({"choices": [{"index": 0, "text": "x",  # cannot score the probe
+                                           "logprobs": logprobs}]}).encode()
         else:
             n = body["n"]
-            out = json.dumps({"choices": [
+            out = json.dumps({"model": Stub.answers_as or body["model"], "choices": [
                 {"index": k, "message": {"content": f"{body['model']} says {k}"},
                  "finish_reason": Stub.finish, **({"token_ids": [7, 8]} if Stub.token_ids
                                                   else {}),
@@ -67,6 +82,7 @@ def server():
     thread.start()
     Stub.seen, Stub.fail_first, Stub.already, Stub.finish = [], 0, False, "stop"
     Stub.token_ids = False
+    Stub.served, Stub.answers_as = ("base", "vlm"), None
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
 
@@ -187,3 +203,87 @@ def test_the_first_batch_of_a_served_rollout_has_its_token_ids_and_logprobs(serv
     steps = [s for g in rollout(tasks, eng, envs.make_env, opts) for t in g for s in t.steps]
     assert len(steps) == 4
     assert all(s.token_ids == [7, 8] and s.logprobs == [-0.5, -1.0] for s in steps), steps
+PROBE = {"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "logprobs": [-1.0, -2.0],
+         "base_logprobs": [-3.0, -4.0]}
+NAN_ECHO = [None, -0.5, -0.5, float("nan"), -2.0]  # the probe scored NaN on one token
+
+
+def _probed(path):
+    """A LoRA adapter directory (pickled weights: never loaded here) with a probe."""
+    path.mkdir()
+    (path / "adapter_config.json").write_text(json.dumps({"r": 4, "target_modules": ["q"]}))
+    (path / "adapter_model.bin").write_bytes(b"weights")
+    (path / "rlany.json").write_text(json.dumps({"probe": PROBE}))
+    return str(path)
+
+
+@pytest.mark.parametrize("echo, why", [(NAN_ECHO, "not all finite numbers"),
+                                       (None, "returned no echoed log-probs")])
+@pytest.mark.parametrize("already", [False, True])
+def test_a_probe_not_scored_or_scored_nan_fails_unless_unverified_adapters_are_allowed(
+        server, tmp_path, echo, why, already):
+    """Before: a server that could not score the probe served the adapter ("skipped",
+    nothing said), and a probe scored NaN was "ok" (NaN fails both comparisons), also for
+    an adapter another process had loaded under its name (perhaps older weights). Neither
+    proved anything: refused, in one line naming the server; with
+    --allow-unverified served and recorded as "unverified"."""
+    adapter = _probed(tmp_path / "policy")
+    Stub.echo_logprobs, Stub.already = echo, already
+    request = Request([{"role": "user", "content": "hi"}], Sampling(max_tokens=2),
+                      adapter=adapter)
+
+    def engine(allow: bool) -> OpenAIEngine:
+        return OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server,
+                                         retries=0, timeout_s=5,
+                                         allow_unverified_adapter=allow))
+    with pytest.raises(RlanyError) as err:
+        engine(False).generate([request])
+    assert err.value.message.startswith(server) and why in err.value.message
+    assert "--allow-unverified" in err.value.hint or already
+    assert not [p for p, _ in Stub.seen if p.endswith("chat/completions")]
+    if already:  # a name another process loaded: only an "ok" probe lets it serve
+        with pytest.raises(RlanyError, match="could not confirm it holds these") as err:
+            engine(True).generate([request])
+        assert "unload_lora_adapter" in err.value.hint
+        return
+    eng = engine(True)
+    eng.generate([request])
+    assert eng.probes.checks == [{"adapter": adapter, "status": "unverified",
+                                  "why": eng.probes.checks[0]["why"]}]
+    assert why in eng.probes.checks[0]["why"]
+
+
+def test_an_endpoint_serving_another_model_is_refused_naming_it(server):
+    """Before: requests went to whatever model the server held (another policy's)."""
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    hi = [Request([{"role": "user", "content": "hi"}], Sampling(n=1))]
+    Stub.served = ("other-model",)
+    with pytest.raises(RlanyError, match="serves other-model, not --model base") as err:
+        eng.generate(hi)
+    assert err.value.where == server and not Stub.seen  # no request was sent
+    Stub.served, Stub.answers_as = ("base",), "other-model"  # lists it, answers as another
+    with pytest.raises(RlanyError, match="answered as model 'other-model', not 'base'"):
+        eng.generate(hi)
+
+
+def test_rollout_refuses_an_unverified_adapter_and_records_one_it_was_allowed(
+        server, tmp_path, cli):
+    """Through the CLI: one line, exit 1, nothing written; with the flag, the sidecar
+    records the flag and the unverified check, and is JSON (NaN never written)."""
+    tasks = tmp_path / "tasks.jsonl"
+    assert cli("envs", "make-tasks", "reasoning", "--n", "2", "-o", str(tasks)).returncode == 0
+    adapter = _probed(tmp_path / "policy")
+    out = tmp_path / "t.jsonl"
+    argv = ["rollout", "-i", str(tasks), "-o", str(out), "--engine", "openai", "--model",
+            "base", "--base-url", server, "--adapter", adapter, "--n", "2"]
+    Stub.served = ("another",)
+    assert one_line(cli(*argv), 1).startswith(f"error: {server}: the server serves another")
+    Stub.served, Stub.echo_logprobs = ("base",), NAN_ECHO
+    assert "adapter not verified" in one_line(cli(*argv), 1) and not out.exists()
+    argv[argv.index(str(out))] = str(tmp_path / "u.jsonl")  # (t.jsonl.partial: its flags)
+    r = cli(*argv, "--allow-unverified")
+    assert r.returncode == 0, r.stderr
+    meta = strict_json((tmp_path / "u.meta.json").read_text())
+    assert meta["flags"]["allow_unverified"] is True
+    assert [c["status"] for c in meta["counts"]["adapter_checks"]] == ["unverified"]

@@ -56,6 +56,8 @@ def test_printed_command_round_trips_through_the_cli(table, monkeypatch):
             values.update(alpha_low=0.1, alpha_high=0.9)
     if table == "score":  # --lam-gate agreement measures against success outcomes only
         values.update(lam_gate="none")
+    if "base_url" in values:  # a server's URL
+        values.update(base_url="http://127.0.0.1:8000/v1")
     if "kl_ref" in values:  # a fixed KL reference is LoRA's: --full stays off
         values.update(full=False)
     values.update({k: f"/tmp/{k}.jsonl" for k, (h, _d, s) in specs(cls).items()

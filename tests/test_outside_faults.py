@@ -171,6 +171,12 @@ class Served(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def do_GET(self):  # /v1/models: it serves "m"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps({"data": [{"id": "m"}]}).encode())
+
     def do_POST(self):
         n = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["n"]
         body = {"html": "<html>502 Bad Gateway</html>", "cut": '{"choices": [',

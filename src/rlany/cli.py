@@ -18,6 +18,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from rlany import limits
 from rlany.console import console, info
 from rlany.envs.make import MAX_TASKS, SPLITS, excluding, parse_knobs, spec_key
 from rlany.errors import RlanyError, UsageError, unexpected_line
@@ -35,7 +36,7 @@ app = typer.Typer(
 )
 
 OutputOpt = Annotated[str, typer.Option("-o", "--output", help="Output JSONL file; - for stdout.")]
-SeedOpt = Annotated[int, typer.Option(help="Base seed.")]
+SeedOpt = Annotated[int, typer.Option(help="Base seed.", min=0, max=limits.MAX_SEED)]
 
 
 def _example(*lines: str) -> str:

@@ -20,6 +20,12 @@ input's size, are checked here once the input is read:
 * judge: verdicts, the input's judged steps x `--m`, at most `MAX_VERDICTS`, and samples
   of one engine call, the trajectories of a batch (`--batch-trajectories`, or fewer) x
   `--m`, at most `MAX_LIVE` (a trajectory has one step or more).
+
+Every integer read from a flag, a `--set` or a TOML file is bounded too: a seed fits 63 bits
+(`MAX_SEED`: the engines' and numpy's seeds are 64-bit), a shard count (`--shard I/N`,
+`[launch] shards`, a summary's `shard.of`) is at most `MAX_SHARDS` (a plan holds a line per
+shard; 10^8 of them grew to 2.7 GB), and a TOML integer beyond 64 bits is refused where it
+is read (`options.typed`), before anything formats it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ MAX_LIVE = 1_000_000  # episodes stepped together; judge samples in one engine c
 MAX_EPISODES = 100_000_000  # episodes of one rollout output
 MAX_EVAL_EPISODES = 1_000_000  # episodes of one eval (all held in memory)
 MAX_VERDICTS = 1_000_000_000  # verdicts of one judge output
+MAX_SEED = 2**63 - 1  # --seed, and any seed key
+MAX_SHARDS = 10_000  # --shard I/N's N, [launch] shards: processes of one stage
+MAX_INT = 2**63 - 1  # any integer of a config (TOML has no size limit; every option has less)
 
 
 def check_episodes(n: int, tasks: int, batch_tasks: int, stage: str) -> None:

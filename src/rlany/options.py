@@ -85,7 +85,8 @@ class EngineFields:
                       scope="run", choices=ENGINES)
     adapter: str | None = opt(None, "A PEFT LoRA adapter directory to generate with.",
                               scope="io")
-    seed: int = opt(0, "Base seed: sampling seeds derive from it.", scope="run", min=0)
+    seed: int = opt(0, "Base seed: sampling seeds derive from it.", scope="run", min=0,
+                    max=limits.MAX_SEED)
     dtype: str = opt("auto", "Weights dtype: auto (bf16 where the CPU or GPU has native bf16, "
                      "else float32), bfloat16, float16, float32.", scope="run",
                      choices=("auto", "bfloat16", "float16", "float32"))
@@ -96,6 +97,10 @@ class EngineFields:
                                "adapter loaded and verified on each).", scope="run")
     max_lora_rank: int = opt(16, "vllm: largest LoRA rank to serve (adapters are padded to "
                              "it; keep it tight).", scope="run", min=1)
+    allow_unverified: bool = opt(
+        False, "Serve a LoRA adapter whose probe the engine could not score (or scored NaN): "
+        "without it such an adapter is refused. The sidecar's adapter_checks record it as "
+        "unverified.", scope="run")
     engine_batch: int = opt(64, "hf: sequences per generate call (the n samples of a "
                             "request stay in one call; constrained requests: prompts per "
                             "pass). Larger is faster on a CPU until memory runs short (64 "
@@ -138,6 +143,8 @@ def validate(opts: Any, style: str = "cli") -> Any:
         for v in values:
             if isinstance(v, float) and not math.isfinite(v):  # nan passes every bound
                 raise RlanyError(f"{name(key)} must be a finite number, got {v}")
+            if isinstance(v, int) and abs(v) > limits.MAX_INT:  # no option has a use for more
+                raise RlanyError(f"{name(key)} is out of range: more than 63 bits")
             if spec.choices and v not in spec.choices:
                 raise RlanyError(f"{name(key)} must be one of {', '.join(spec.choices)}, "
                                  f"got {v!r}")
@@ -147,6 +154,9 @@ def validate(opts: Any, style: str = "cli") -> Any:
                 raise RlanyError(f"{name(key)} must be {op} {_bound(spec.min)}, got {v}")
             if spec.max is not None and v > spec.max:
                 raise RlanyError(f"{name(key)} must be <= {_bound(spec.max)}, got {v}")
+    if getattr(opts, "base_url", None) is not None:  # EngineFields: each an http(s) endpoint
+        from rlany.engines.endpoints import split_urls
+        split_urls(opts.base_url, flag("base_url") if style == "cli" else "'base_url'")
     check = getattr(opts, "check", None)
     if check is not None:
         check(name)  # rules across fields; `name(key)` spells a field for this caller
@@ -219,6 +229,8 @@ def typed(key: str, value: Any, hint: Any, where: str) -> Any:
     if not isinstance(value, inner) or (inner is int and isinstance(value, bool)):
         raise RlanyError(f"'{key}' must be {inner.__name__}, got {type(value).__name__}",
                          where=where)
+    if inner is int and abs(value) > limits.MAX_INT:  # formatting it could fail (rlany.limits)
+        raise RlanyError(f"'{key}' is out of range: more than 63 bits", where=where)
     return value
 
 

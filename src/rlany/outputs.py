@@ -295,7 +295,7 @@ class ResumableJsonl:
         os.fsync(self._out.fileno())
         pause("group-data")  # test hooks (rlany._testhook): a torn group, a whole one
         self._idx.write(json.dumps({"key": key, "end": self._out.tell(),
-                                    "records": len(records)}) + "\n")
+                                    "records": len(records)}, allow_nan=False) + "\n")
         self._idx.flush()
         os.fsync(self._idx.fileno())
         self.done.append(key)
@@ -377,7 +377,7 @@ def write_meta(output: str | Path, *, stage: str, flags: dict[str, Any],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": package_versions(*versions),
     }
-    write_text_atomic(meta_path(output), json.dumps(meta, indent=2) + "\n")
+    write_text_atomic(meta_path(output), json.dumps(meta, indent=2, allow_nan=False) + "\n")
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -11,11 +11,15 @@ differences stay under that). A zeroed adapter, an adapter silently not applied,
 adapter of another base model fail the check; an adapter that moved less than MIN_GAP per
 token from the base model cannot be told apart from dtype noise and is reported as
 `indeterminate`.
+A probe the engine did not score (a server without echoed log-probs) or scored NaN or
+infinity proves nothing: the adapter is refused, unless the engine was started with
+`--allow-unverified`, which serves it and records it as `unverified`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,17 +93,30 @@ def _dist(a: list[float], b: list[float]) -> float:
 
 
 def saved(adapter: str) -> dict | None:
-    """The probe an adapter directory's rlany.json holds, if any."""
+    """The probe an adapter directory's rlany.json holds, if any; one that is not lists of
+    ids and log-probs of matching lengths is refused."""
     meta = Path(adapter) / "rlany.json"
     try:
-        return json.loads(meta.read_text()).get("probe")
+        probe = json.loads(meta.read_text()).get("probe")
     except (OSError, ValueError, AttributeError):
         return None
+    lists = [probe.get(k) if isinstance(probe, dict) else None
+             for k in ("prompt_ids", "response_ids", "logprobs", "base_logprobs")]
+    if probe is not None and not (all(isinstance(x, list) for x in lists) and all(
+            isinstance(i, int) for i in lists[0] + lists[1]) and
+            len(lists[1]) == len(lists[2]) == len(lists[3])):
+        raise RlanyError("rlany.json's probe is damaged (not lists of token ids and "
+                         "log-probs of one length)", where=adapter)
+    return probe
 
 
 def check(probe: dict, got: list[float], adapter: str) -> dict:
     """Compare an engine's probe log-probs with the trainer's; raise when the adapter did
     not reach the engine. Returns what was measured (for the sidecar)."""
+    if not all(isinstance(x, (int, float)) and math.isfinite(x)
+               for x in [*got, *probe["logprobs"], *probe["base_logprobs"]]):
+        raise Unscored("the probe's log-probs are not all finite numbers (NaN or infinity "
+                       "proves nothing)")
     if len(got) != len(probe["logprobs"]):
         raise RlanyError("adapter probe: the engine tokenized the probe differently; is "
                          "this adapter for this base model?", where=adapter)
@@ -118,28 +135,47 @@ def check(probe: dict, got: list[float], adapter: str) -> dict:
     return {**out, "status": "ok"}
 
 
+class Unscored(Exception):
+    """The probe was not scored (or scored NaN / infinity): the adapter is unverified."""
+
+
+ALLOW_HINT = ("pass --allow-unverified (loop key allow_unverified) to serve "
+              "adapters the engine cannot verify; the sidecar records them as unverified")
+
+
 class Verifier:
     """An engine's adapter checks: each adapter's probe is scored once, right after the
     engine loads it; a refused adapter stays refused for the engine's lifetime (every later
-    use raises the same error), never silently served."""
+    use raises the same error), never silently served. `allow_unverified`: an adapter whose
+    probe the engine did not score (or scored NaN / infinity) is served, recorded as
+    "unverified", instead of refused."""
 
-    def __init__(self) -> None:
+    def __init__(self, allow_unverified: bool = False) -> None:
         self.checks: list[dict] = []  # one per verified adapter (the sidecar's adapter_checks)
         self._refused: dict[str, RlanyError] = {}
+        self.allow_unverified = allow_unverified
 
     def loaded(self, adapter: str, path: str,
                score: Callable[[dict], list[float] | str]) -> None:
         """`score(probe)` gives the engine's log-probs of the probe's response ids, or a
-        reason (str) why this engine cannot score them (recorded as "skipped")."""
-        probe = saved(path)
-        if probe is None:
-            return
+        reason (str) why this engine cannot score them: refused, or with `allow_unverified`
+        recorded as "unverified"."""
         try:
+            probe = saved(path)
+            if probe is None:
+                return
             got = score(probe)
-            self.checks.append({"adapter": adapter, "status": "skipped", "why": got}
-                               if isinstance(got, str) else check(probe, got, adapter))
+            if isinstance(got, str):
+                raise Unscored(got)
+            self.checks.append(check(probe, got, adapter))
         except RlanyError as e:
             self._refused[path] = e
+        except Unscored as e:
+            if not self.allow_unverified:
+                self._refused[path] = RlanyError(
+                    f"adapter not verified: {e}", where=adapter, hint=ALLOW_HINT)
+            else:
+                self.checks.append({"adapter": adapter, "status": "unverified", "why": str(e)})
 
     def refuse(self, path: str, error: RlanyError) -> None:
         """Refuse `path` for the engine's lifetime (an engine's own reason, e.g. a server

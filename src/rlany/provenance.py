@@ -32,7 +32,7 @@ def sidecar(path: str | Path) -> dict | None:
         return None
     try:
         data = json.loads(meta.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         raise RlanyError("unreadable sidecar metadata", where=str(meta)) from None
     return data if isinstance(data, dict) else None
 

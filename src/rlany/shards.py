@@ -51,12 +51,16 @@ def shard_opt(what: str, joined: str = JOINED) -> Any:
 
 def parse(spec: str | None) -> tuple[int, int] | None:
     """(I, N) of `--shard I/N`, None without one; anything else is a usage error."""
+    from rlany.limits import MAX_SHARDS
+
     if spec is None:
         return None
     m = SPEC.fullmatch(spec)
-    if not m or not int(m[1]) < int(m[2]):
+    if not m or len(spec) > 40 or not int(m[1]) < int(m[2]):  # 40: no int of 1000s of digits
         raise UsageError(f"--shard must be I/N, two whole numbers with 0 <= I < N (shard I of "
-                         f"N), got {spec!r}")
+                         f"N), got {spec[:40]!r}")
+    if int(m[2]) > MAX_SHARDS:
+        raise UsageError(f"--shard {spec}: at most {MAX_SHARDS:,} shards (rlany.limits)")
     return int(m[1]), int(m[2])
 
 
@@ -121,7 +125,10 @@ def read_parts(path: str, name: str) -> list[tuple[str, dict]]:
         raise RlanyError("not UTF-8 text", where=name) from None
     except (FileNotFoundError, IsADirectoryError):
         raise RlanyError("no such file of shard summaries", where=name) from None
-    decoder, pos, parts = json.JSONDecoder(), 0, []
+    from rlany.jsonl import _finite_float, _reject_constant  # NaN, 1e400: not JSON numbers
+
+    decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+    pos, parts = 0, []
     while True:
         while pos < len(text) and text[pos].isspace():
             pos += 1
@@ -153,6 +160,10 @@ def in_order(parts: list[tuple[str, dict]], name: str) -> list[dict]:
                 and isinstance(shard.get("index"), int) and isinstance(shard.get("of"), int)):
             raise RlanyError("not the summary of a shard (no `shard` and `sums`): give the "
                              "summaries written with --shard I/N", where=where)
+        problem = _damage(part)
+        if problem:
+            raise RlanyError(f"a shard's summary is damaged: {problem}", where=where,
+                             hint="give the summaries eval --shard I/N wrote, unedited")
         first = first or (where, part)
         _same_run(first, (where, part))
         if shard["index"] in by_index:
@@ -188,6 +199,48 @@ def digest(per_task: Any, sums: dict) -> str:
 
     data = json.dumps([per_task, sums], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(data.encode()).hexdigest()
+
+
+def _damage(part: dict) -> str | None:
+    """What in a shard's summary is not what `eval --shard` writes (None: nothing): the
+    shard's numbers (0 <= index < of <= MAX_SHARDS), its input and flags, the counts
+    (whole numbers >= 0), rows, adapter checks, pass@K keys and wall time that --join
+    reads. Types only: that the shards make one run is `in_order`'s."""
+    from rlany.limits import MAX_SHARDS
+
+    shard, index, of = part["shard"], part["shard"]["index"], part["shard"]["of"]
+    if isinstance(index, bool) or isinstance(of, bool) or not 0 <= index < of <= MAX_SHARDS:
+        return f"shard {str(index)[:12]}/{str(of)[:12]} is not I/N with 0 <= I < N <= " \
+               f"{MAX_SHARDS:,} (rlany.limits)"
+    for key in ("input", "flags"):
+        if not isinstance(shard.get(key), dict):
+            return f"its shard.{key} is not an object"
+    if not isinstance(part.get("policy"), dict):
+        return "its policy is not an object"
+    for key, kind in (("per_task", "rows"), ("adapter_checks", "checks")):
+        value = part.get(key, [])
+        if not (isinstance(value, list) and all(isinstance(x, dict) for x in value)):
+            return f"its {key} is not a list of {kind}"
+    wall = part.get("wall_time_s")
+    if isinstance(wall, bool) or not isinstance(wall, (int, float)) or wall < 0:
+        return f"its wall_time_s is not a number of seconds: {str(wall)[:20]}"
+    bad_k = [k for k in part if k.startswith("pass@") and not (
+        k[5:].isdigit() and k[5:].isascii() and len(k) <= 11 and int(k[5:]) >= 1)]
+    if bad_k:
+        return f"its key {bad_k[0][:20]!r} is not pass@K with K a whole number >= 1"
+    return _bad_count(part["sums"], "sums")
+
+
+def _bad_count(sums: dict, at: str) -> str | None:
+    """The first of a summary's `sums` that is not a count (a whole number >= 0)."""
+    for key, value in sums.items():
+        if isinstance(value, dict):
+            problem = _bad_count(value, f"{at}.{key}")
+            if problem:
+                return problem
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"its {at}.{str(key)[:20]} is not a count: {str(value)[:20]}"
+    return None
 
 
 def _same_run(first: tuple[str, dict], other: tuple[str, dict]) -> None:

@@ -228,7 +228,8 @@ def start_engine(opts: Any):
     engine = make_engine(EngineConfig(kind=kind, model=model, dtype=opts.dtype, seed=opts.seed,
                                       max_model_len=opts.max_model_len, base_url=opts.base_url,
                                       max_lora_rank=opts.max_lora_rank,
-                                      batch_size=opts.engine_batch))
+                                      batch_size=opts.engine_batch,
+                                      allow_unverified_adapter=opts.allow_unverified))
     engine.choice = {"engine": kind, "reason": reason}
     return engine
 

@@ -203,6 +203,8 @@ class EngineConfig:
     timeout_s: float = 300.0  # openai
     retries: int = 3  # openai
     batch_size: int = 64  # hf: sequences per generate call (`--engine-batch`)
+    # serve an adapter whose probe the engine did not score (rlany.probe), recorded so
+    allow_unverified_adapter: bool = False
 
 
 def resolve_engine(kind: str, profile: dict | None = None) -> tuple[str, str]:

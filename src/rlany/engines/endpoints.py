@@ -12,7 +12,10 @@ router URL (vLLM's own data parallelism or router) is simply one endpoint.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import time
+import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -20,13 +23,47 @@ from dataclasses import replace
 from rlany.engines import EngineConfig, EngineStats, Request, Result
 from rlany.errors import RlanyError
 
+_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")  # a name or IPv4
 
-def split_urls(base_url: str | None) -> list[str]:
-    """The endpoints of a --base-url value: one URL, or several separated by commas."""
+
+def split_urls(base_url: str | None, name: str = "--base-url") -> list[str]:
+    """The endpoints of a --base-url value: one URL, or several separated by commas, each
+    an http(s) URL with a host (a name, an IPv4 or a bracketed IPv6 address: never one
+    that begins with `-`, which a launcher's ssh line would read as an option) and an
+    optional port; an endpoint named twice is refused (`name`: the flag or key)."""
     urls = [u.strip() for u in (base_url or "").split(",") if u.strip()]
+    for url in urls:
+        problem = _url_problem(url)
+        if problem:
+            raise RlanyError(f"{name}: {url[:80]!r} {problem}",
+                             hint="e.g. http://127.0.0.1:8000/v1")
     if len(set(urls)) != len(urls):
-        raise RlanyError(f"--base-url names an endpoint twice: {base_url}")
+        raise RlanyError(f"{name} names an endpoint twice: {base_url[:200]}")
     return urls
+
+
+def _url_problem(url: str) -> str | None:
+    """What keeps `url` from being a server's http(s) URL, or None."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port  # a bad port raises
+    except ValueError as e:  # "Invalid IPv6 URL", a port out of range
+        return f"is not a URL ({e})"
+    if parts.scheme not in ("http", "https"):
+        return (f"is not an http(s) URL (scheme {parts.scheme!r})" if parts.scheme else
+                "has no scheme: give http://HOST:PORT/v1")
+    if not host:
+        return "has no host"
+    if "[" in parts.netloc:
+        try:
+            ipaddress.IPv6Address(host.split("%")[0])
+        except ValueError:
+            return f"has a host that is no IPv6 address: [{host}]"
+    elif host.startswith("-"):
+        return "has a host that begins with '-'"
+    elif not _HOST.fullmatch(host):
+        return f"has a host that is no host name: {host[:40]!r}"
+    return None if port is None or port > 0 else "has port 0"
 
 
 class Endpoints:

@@ -15,6 +15,10 @@ the first answer shows that the server ignored it; a server that constrains neit
 error, never silently free text. A request's `continuation_text` is sent as a final
 assistant message with `continue_final_message` (vLLM's chat API), so the model continues
 it. `decode` uses vLLM's `/detokenize`.
+The server must serve the model asked for: its `/v1/models` lists `--model` (checked once,
+before the first request) and every answer names the model (or adapter) it was asked for;
+another model's server fails the stage in one line naming its URL, never rolls out another
+policy beside this one.
 Image parts with local `file://` URLs (GUI observations) are sent inline as base64 `data:`
 URLs, since the server need not share this machine's files.
 """
@@ -52,7 +56,9 @@ class OpenAIEngine:
         self.retries = cfg.retries
         self.stats = EngineStats()
         self._adapters: dict[str, str] = {}
-        self.probes = Verifier()  # rlany.probe: each adapter checked when loaded
+        # rlany.probe: each adapter checked when loaded
+        self.probes = Verifier(cfg.allow_unverified_adapter)
+        self._served = False  # whether /v1/models listed self.model
         self._ids_seen = self._ids_missing = False
         self._choice_key = "structured_outputs"
 
@@ -61,14 +67,15 @@ class OpenAIEngine:
         """True once the server has returned token ids, and always did so."""
         return self._ids_seen and not self._ids_missing
 
-    def _post(self, path: str, body: dict, root: bool = False, reply: bool = True) -> dict:
-        """POST to `{base_url}{path}` (root: to the server's root, e.g. /detokenize); the
-        answer's JSON object. `reply` False: any answer will do (vLLM's /load_lora_adapter
-        answers plain text)."""
+    def _post(self, path: str, body: dict | None, root: bool = False,
+              reply: bool = True) -> dict:
+        """POST to `{base_url}{path}` (root: to the server's root, e.g. /detokenize; body
+        None: a GET); the answer's JSON object. `reply` False: any answer will do (vLLM's
+        /load_lora_adapter answers plain text)."""
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(body).encode()
+        data = json.dumps(body).encode() if body is not None else None
         delay = 1.0
         for attempt in range(self.retries + 1):
             base = self.base_url.removesuffix("/v1") if root else self.base_url
@@ -91,7 +98,35 @@ class OpenAIEngine:
             delay *= 2
         raise AssertionError("unreachable")
 
+    def _check_served(self) -> None:
+        """The server's /v1/models lists the model asked for (once per engine)."""
+        if self._served:
+            return
+        listed = self._post("/models", None).get("data")
+        ids = [str(m.get("id"))[:80] for m in listed if isinstance(m, dict)] \
+            if isinstance(listed, list) else None
+        if ids is None:
+            raise RlanyError("the server's /models answer has no list of models",
+                             where=self.base_url)
+        if self.model not in ids:
+            raise RlanyError(f"the server serves {', '.join(ids[:3]) or 'no model'}"
+                             f"{' ...' if len(ids) > 3 else ''}, not --model {self.model}",
+                             where=self.base_url, hint="give --model the name it serves (vLLM: "
+                             "its --served-model-name, else the model path), or its URL")
+        self._served = True
+
+    def _chat(self, body: dict) -> dict:
+        """POST a chat completion; an answer that names another model than asked is
+        refused (another model's server behind this URL)."""
+        out = self._post("/chat/completions", body)
+        named = out.get("model")
+        if isinstance(named, str) and named != body["model"]:
+            raise RlanyError(f"the server answered as model {named[:80]!r}, not "
+                             f"{body['model']!r}", where=self.base_url + "/chat/completions")
+        return out
+
     def _model_name(self, adapter: str | None) -> str:
+        self._check_served()
         if adapter is None:
             return self.model
         path = str(Path(adapter).resolve())
@@ -166,11 +201,11 @@ class OpenAIEngine:
         if s.logprobs:
             body["logprobs"] = True
         if not s.choices:
-            return self._parse(self._post("/chat/completions", body), s.logprobs, s.n)
+            return self._parse(self._chat(body), s.logprobs, s.n)
         for key in dict.fromkeys((self._choice_key, "guided_choice")):
             guided = {"structured_outputs": {"choice": list(s.choices)}} if key != \
                 "guided_choice" else {"guided_choice": list(s.choices)}
-            result = self._parse(self._post("/chat/completions", {**body, **guided}),
+            result = self._parse(self._chat({**body, **guided}),
                                  s.logprobs, s.n)
             if all(c.text in s.choices for c in result.completions):
                 self._choice_key = key

@@ -48,7 +48,8 @@ class VllmEngine:
         self.model = cfg.model
         self.stats = EngineStats()
         self._lora_ids: dict[str, int] = {}
-        self.probes = Verifier()  # rlany.probe: each adapter checked when loaded
+        # rlany.probe: each adapter checked when loaded
+        self.probes = Verifier(cfg.allow_unverified_adapter)
         kwargs = dict(model=cfg.model, enable_prefix_caching=True, enable_lora=True,
                       max_lora_rank=cfg.max_lora_rank, max_loras=4, seed=cfg.seed,
                       dtype=resolve_dtype(cfg.dtype),

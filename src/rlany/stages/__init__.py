@@ -80,6 +80,9 @@ COMMANDS = (
             "--constrain-actions",
             "rlany rollout -i examples/household/learn_tasks.jsonl -o demos.jsonl --expert --n 1 "
             "--max-steps 4 --history-turns 1",
+            "rlany rollout -i tasks.jsonl -o traj.jsonl --engine openai --base-url "
+            "http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct --adapter ckpt/policy-1 "
+            "--allow-unverified",
         )),
     Command("judge", judge, judge.JudgeOptions, "generates",
         "Judge every step with a generative reward model: m samples per step (sharing the "

@@ -323,7 +323,7 @@ def _write(summary: dict, output: str, ks: list[int], *, flags: dict, inputs: li
     from rlany.outputs import write_meta, write_text_atomic
     from rlany.stageio import GEN_VERSIONS
 
-    text = json.dumps(summary, indent=2) + "\n"
+    text = json.dumps(summary, indent=2, allow_nan=False) + "\n"
     if output == "-":
         print(text, end="", flush=True)
     else:

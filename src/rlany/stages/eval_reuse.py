@@ -215,13 +215,13 @@ def reuse_base_eval(opts: Any, key: dict) -> tuple[Path | None, str | None]:
              if meta["flags"].get(k) not in (None, getattr(opts, k))}
     if moved:
         summary = map_strings(json.loads(text), lambda v: moved.get(v, v))
-        text = json.dumps(summary, indent=2) + "\n"
+        text = json.dumps(summary, indent=2, allow_nan=False) + "\n"
         meta["flags"].update({k: getattr(opts, k) for k in _ADAPTERS})
     meta["flags"]["output"] = str(opts.output)
     meta["reused_from"] = str(src)
-    write_text_atomic(content_path(opts.output), json.dumps(key, indent=2) + "\n")
+    write_text_atomic(content_path(opts.output), json.dumps(key, indent=2, allow_nan=False) + "\n")
     write_text_atomic(opts.output, text)
-    write_text_atomic(meta_path(opts.output), json.dumps(meta, indent=2) + "\n")
+    write_text_atomic(meta_path(opts.output), json.dumps(meta, indent=2, allow_nan=False) + "\n")
     return src, None
 
 
@@ -235,7 +235,7 @@ def write_record(path: Path, key: dict | None) -> None:
         if key is None:
             path.unlink(missing_ok=True)
         else:
-            write_text_atomic(path, json.dumps(key, indent=2) + "\n")
+            write_text_atomic(path, json.dumps(key, indent=2, allow_nan=False) + "\n")
     except OSError:
         pass
 

@@ -164,7 +164,7 @@ class Loop:
         from rlany.stages.loop_resume import check_echo, check_finished
 
         config = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "path"}
-        resolved = json.dumps(config, indent=2, sort_keys=True) + "\n"
+        resolved = json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
         echo = self.dir / "config.json"
         started = any(self.dir.glob("iter_*")) or any(
             (self.dir / name).exists()
@@ -372,7 +372,7 @@ class Loop:
         metrics = {"iteration": it, **collect_metrics(d)}
         if self._engine_start is not None:  # this process started its engine in this iteration
             metrics["seconds"]["engine_start"], self._engine_start = self._engine_start, None
-        write_text_atomic(d / "done.json", json.dumps(metrics, indent=2) + "\n")
+        write_text_atomic(d / "done.json", json.dumps(metrics, indent=2, allow_nan=False) + "\n")
         self._prune(it)
         self._write_metrics()
         info(f"loop: iteration {it} done: train acc {metrics.get('train_acc')}, eval success "
@@ -394,5 +394,5 @@ class Loop:
 
         done = sorted((int(m[1]), p) for p in self.dir.glob("iter_*/done.json")
                       if (m := ITERATION.match(p.parent.name)))  # not a copied iter_003.old
-        lines = [json.dumps(json.loads(p.read_text())) for _, p in done]
+        lines = [json.dumps(json.loads(p.read_text()), allow_nan=False) for _, p in done]
         write_text_atomic(self.dir / "metrics.jsonl", "".join(x + "\n" for x in lines))

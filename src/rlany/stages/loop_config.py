@@ -103,8 +103,8 @@ def load_config(path: str, overrides: dict[str, Any] | None = None,
         tomllib.loads(text)
     except OSError as e:
         raise RlanyError(f"cannot read config: {e.strerror}", where=path) from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise RlanyError(f"invalid TOML: {e}", where=path) from None
+    except (ValueError, RecursionError) as e:  # TOML, UTF-8, an integer of 1000s of digits
+        raise RlanyError(f"invalid TOML: {str(e)[:200]}", where=path) from None
     overrides = overrides or {}
     try:
         return _load(path, text, overrides, list(sets))
@@ -141,10 +141,11 @@ def _culprit(path: str, text: str, overrides: dict[str, Any], sets: list[str],
         return None
     for key, value in overrides.items():
         if fails({key: value}, []):
-            return f"{OVERRIDE_FLAGS.get(key, key)} {value!r}"
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            return f"{OVERRIDE_FLAGS.get(key, key)} {shown}"
     for item in sets:
         if fails({}, [item]):
-            return f"--set {item}"
+            return f"--set {item[:80]}{'...' if len(item) > 80 else ''}"
     return "the command line's overrides (" + ", ".join(
         [OVERRIDE_FLAGS.get(k, k) for k in overrides] + [f"--set {i}" for i in sets]) + ")"
 
@@ -188,7 +189,7 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
     cfg = LoopConfig(**top, run=run, tables=sections, launch=launch, path=path)
     _check_launch(cfg)
     for key in ("init_policy", "init_rm"):
-        if getattr(cfg, key):
+        if getattr(cfg, key) is not None:  # "" too: never read as a start
             _check_init(cfg, key)
     if cfg.warm_start:
         _check_warm_start(cfg)
@@ -203,8 +204,10 @@ def _load(path: str, text: str, overrides: dict[str, Any], sets: list[str]) -> L
         raise RlanyError("[judge] last_step_only = true: score gives step rewards to every "
                          "step, so it refuses judgments of the last step alone", where=cfg.path,
                          hint="to measure a judge on last steps: [eval] judge_last_step_only")
+    for table in tables:  # every stage's options, checked before anything runs (and before
+        cfg.options(table, **_placeholders(tables[table].options))  # _resolve reads them)
     _resolve(cfg, overrides)
-    for table in tables:  # every stage's options, checked before anything runs
+    for table in tables:  # and with what _resolve derived
         cfg.options(table, **_placeholders(tables[table].options))
     _check_files(cfg)
     return cfg
@@ -251,7 +254,10 @@ def _check_launch(cfg: LoopConfig) -> None:
     from rlany.engines.endpoints import split_urls
 
     engine, launch = cfg.run.get("engine"), cfg.launch
-    urls = split_urls(cfg.run.get("base_url")) if engine == "openai" else []
+    try:
+        urls = split_urls(cfg.run.get("base_url"), "'base_url'") if engine == "openai" else []
+    except RlanyError as e:
+        raise RlanyError(e.message, where=cfg.path, hint=e.hint) from None
     if len(urls) > 1 and launch.shards not in (None, len(urls)):
         raise RlanyError(f"'[launch] shards' = {launch.shards}, but the openai engine has "
                          f"{len(urls)} endpoints: a plan runs one shard per endpoint",
@@ -277,16 +283,33 @@ def _init_rank(adapter: str) -> int:
 
 
 def _check_init(cfg: LoopConfig, key: str) -> None:
-    """init_policy / init_rm: a LoRA adapter directory made for the run's base model."""
-    from rlany.stageio import check_fits
+    """init_policy / init_rm: a LoRA adapter directory (its config and weights readable,
+    `stageio.check_adapter`) made for the run's base model, which training continues it on
+    whatever the engine (`rlany.adapters`; a model that is no local directory, e.g. a
+    served one, cannot be compared here)."""
+    from rlany.adapters import check_adapter_fits
+    from rlany.models import resolve_model
+    from rlany.stageio import check_adapter
 
     adapter = getattr(cfg, key)
+    if not adapter.strip():
+        raise RlanyError(f"{key} is empty: give a LoRA adapter directory, or leave it out",
+                         where=cfg.path)
     if not (Path(adapter) / "adapter_config.json").is_file():
         made_by = "rlany sft" if key == "init_policy" else "rlany train-rm"
         raise RlanyError(f"{key} {adapter!r} is not a LoRA adapter directory "
                          "(no adapter_config.json)", where=cfg.path,
                          hint=f"e.g. the output of `{made_by}`")
-    check_fits(cfg.options("rollout", input="-"), adapter, key)
+    try:
+        check_adapter(adapter, key)
+    except RlanyError as e:
+        raise RlanyError(e.message, where=cfg.path, hint=e.hint or f"{key} = {adapter!r}") \
+            from None
+    try:
+        model = resolve_model(cfg.options("rollout", input="-").model)
+    except RlanyError:
+        return  # no local model: starting the engine says so, or it is a served name
+    check_adapter_fits(adapter, model, key)
 
 
 def _check_kl_ref(cfg: LoopConfig, table: str) -> None:
@@ -324,6 +347,9 @@ def _apply_set(raw: dict[str, Any], item: str) -> None:
         value = tomllib.loads(f"v = {text.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = text.strip()
+    except ValueError:  # an integer of thousands of digits (Python's int limit)
+        raise UsageError(f"--set {item[:60]}...: {key} is out of range: more than 63 bits") \
+            from None
     table, _, name = key.rpartition(".")
     if table:
         if table not in TABLES and table != "launch":

@@ -60,6 +60,7 @@ KEYS = {"train": str, "shards": int, "serve": str}
 
 def parse_launch(raw: Any, where: str) -> Launch:
     """`[launch]` of a config, checked: known keys, their types, a launcher the loop knows."""
+    from rlany.limits import MAX_SHARDS
     from rlany.options import typed
 
     if not isinstance(raw, dict):
@@ -72,8 +73,9 @@ def parse_launch(raw: Any, where: str) -> Launch:
     launch = Launch(**raw)
     if launch.train is not None:
         launcher(launch.train, where)
-    if launch.shards is not None and launch.shards < 1:
-        raise RlanyError(f"'[launch] shards' must be >= 1, got {launch.shards}", where=where)
+    if launch.shards is not None and not 1 <= launch.shards <= MAX_SHARDS:
+        raise RlanyError(f"'[launch] shards' must be 1 to {MAX_SHARDS:,} (rlany.limits), got "
+                         f"{launch.shards}", where=where)
     if launch.serve is not None and not _split(launch.serve, "serve", where):
         raise RlanyError("'[launch] serve' is empty", where=where,
                          hint="e.g. serve = \"vllm serve\"")

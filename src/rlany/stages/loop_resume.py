@@ -14,8 +14,10 @@ hand-edited `config.json` cannot make the loop skip stages made under another co
 on under the new one. Not seen without `config.json`: keys that reach no stage's options
 (keep_last, eval_every, rm_buffer, init_policy, init_rm: the paths and adapters are the
 loop's).
-Never compared: `[launch]` (how the stages run: a run may move to another launcher) and
-the `base_url` a finished stage recorded (a `--print-plan` shard records its own endpoint)."""
+Never compared: `[launch]` (how the stages run: a run may move to another launcher),
+the `base_url` a finished stage recorded (a `--print-plan` shard records its own endpoint)
+and `allow_unverified` (which adapters may be served, not what was made: a run refused an
+unverified adapter resumes with it set)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ HINT = "use a new name, or restore the config (only iterations may be raised)"
 # what switches a stage of an iteration off (loop_stages.STAGES' `enabled`)
 # how a run is run, not what it computes: a run may move to another launcher or machine
 HOW = ("launch",)
+RUN_HOW = ("allow_unverified",)  # run keys of that kind
 SWITCHES = {"judge": "step_feedback / rm_training / env_adaptation", "train_rm": "rm_training",
             "adapt_tasks": "env_adaptation"}
 
@@ -58,14 +61,20 @@ def check_echo(echo: Path, config: dict, iterations: int) -> None:
                 if f.default is not dataclasses.MISSING}
     old = _retired(old)
     more = iterations >= old.get("iterations", iterations)
-    config = {k: v for k, v in config.items() if k not in HOW}
+    config = _what(config)
     then = {**{k: defaults[k] for k in config.keys() - old.keys() if k in defaults},
-            **{k: v for k, v in old.items() if k not in HOW},
+            **_what(old),
             **({"iterations": iterations} if more else {})}
     key = _first_difference(_at_defaults(then), _at_defaults(config))
     if key is not None:
         raise RlanyError(f"{CHANGED}: {key} was {_show(_get(then, key))}, the config now "
                          f"gives {_show(_get(config, key))}", where=str(echo), hint=HINT)
+
+
+def _what(config: dict) -> dict:
+    """A config without what says how it runs (HOW, RUN_HOW), not what it makes."""
+    run = {k: v for k, v in _dict(config.get("run")).items() if k not in RUN_HOW}
+    return {k: (run if k == "run" else v) for k, v in config.items() if k not in HOW}
 
 
 def _at_defaults(config: dict) -> dict:
@@ -75,15 +84,19 @@ def _at_defaults(config: dict) -> dict:
     (`loop_stages.read_if_written`)."""
     from rlany.options import specs
     from rlany.stages.loop_config import TABLES
-    from rlany.stages.loop_stages import read_if_written
+    from rlany.stages.loop_stages import WARM_LR, read_if_written
 
-    written = read_if_written(bool(config.get("warm_start") or config.get("init_policy")))
+    warm = bool(config.get("warm_start") or config.get("init_policy"))
+    written = read_if_written(warm)
     tables = {}
     for table, keys in _dict(config.get("tables")).items():
         fields = specs(TABLES[table].options) if table in TABLES else {}
         tables[table] = {k: v for k, v in _dict(keys).items()
                          if k not in fields or fields[k][1] != v or (table, k) in written}
-    return {**config, "tables": tables} if "tables" in config else config
+    policy = tables.get("train_policy", {})
+    if warm and not policy.get("full"):  # left out, the lr it trains at: written the same
+        tables["train_policy"] = {**policy, "lr": policy.get("lr", WARM_LR)}
+    return {**config, "tables": tables} if "tables" in config or warm else config
 
 
 def _retired(old: dict) -> dict:
@@ -234,7 +247,7 @@ def _differs(opts: Any, recorded: dict, engine_named: bool) -> str | None:
     from rlany.options import specs
 
     for key, (_, _, spec) in specs(type(opts)).items():
-        if spec.scope == "io" or key not in recorded or key == "base_url" or (
+        if spec.scope == "io" or key not in recorded or key in ("base_url", *RUN_HOW) or (
                 key == "model" and engine_named):
             continue
         want, got = _plain(getattr(opts, key)), recorded[key]

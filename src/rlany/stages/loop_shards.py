@@ -43,7 +43,8 @@ def adopt(output: str, write: bool) -> bool:
     out = Path(output)
     if not out.is_file() or meta_path(out).exists():
         return False
-    name = re.compile(rf"{re.escape(out.stem)}\.[0-9]+-of-([0-9]+){re.escape(out.suffix)}")
+    # N of at most 5 digits: no plan has more than MAX_SHARDS (rlany.limits)
+    name = re.compile(rf"{re.escape(out.stem)}\.[0-9]+-of-([0-9]{{1,5}}){re.escape(out.suffix)}")
     counts = {m[1] for p in (out.parent / "shards").glob(f"{out.stem}.*{out.suffix}")
               if (m := name.fullmatch(p.name))}
     if len(counts) != 1:
@@ -67,7 +68,7 @@ def adopt(output: str, write: bool) -> bool:
         _rejoin(out, parts)
     if write:
         meta = joined_meta(output, parts)
-        write_text_atomic(meta_path(out), json.dumps(meta, indent=2) + "\n")
+        write_text_atomic(meta_path(out), json.dumps(meta, indent=2, allow_nan=False) + "\n")
     return True
 
 
@@ -121,9 +122,8 @@ def one_run(parts: list[Path]) -> None:
     from rlany.shards import differing_flags
 
     def run_of(p: Path) -> tuple[dict, list]:
-        meta = json.loads(meta_path(p).read_text(encoding="utf-8"))
-        return (meta.get("flags") or {},
-                sorted(str(i.get("sha256")) for i in meta.get("inputs") or []))
+        meta = shard_meta(p)
+        return meta["flags"], sorted(str(i.get("sha256")) for i in meta["inputs"])
 
     first = run_of(parts[0])
     for p in parts[1:]:
@@ -136,9 +136,28 @@ def one_run(parts: list[Path]) -> None:
                              hint=f"delete {p.parent} to run its stage's shards again")
 
 
+def shard_meta(part: Path) -> dict:
+    """A shard output's sidecar, refused in one line unless it is what a stage writes: an
+    object with `flags` and `counts` objects, a list of `inputs` objects and a number of
+    seconds (what joining reads)."""
+    from rlany.errors import RlanyError
+    from rlany.provenance import sidecar
+
+    meta = sidecar(part)
+    inputs = meta.get("inputs") if meta else None
+    wall = meta.get("wall_time_s", 0) if meta else None
+    if not (meta and isinstance(meta.get("flags"), dict) and isinstance(meta.get("counts"), dict)
+            and isinstance(inputs, list) and all(isinstance(i, dict) for i in inputs)
+            and isinstance(wall, (int, float)) and not isinstance(wall, bool)):
+        raise RlanyError("a shard's sidecar is damaged (not the flags, inputs, counts and "
+                         "wall time a stage writes)", where=str(meta_path(part)),
+                         hint=f"delete {part.parent} to run its stage's shards again")
+    return meta
+
+
 def joined_meta(output: str, parts: list[Path]) -> dict:
     """The sidecar of the joined output, from the shards' sidecars."""
-    metas = [json.loads(meta_path(p).read_text(encoding="utf-8")) for p in parts]
+    metas = [shard_meta(p) for p in parts]
     first = metas[0]
     flags = {**first.get("flags", {}), "shard": None, "output": output}
     urls = [m.get("flags", {}).get("base_url") for m in metas]

@@ -62,7 +62,8 @@ def or_skipped(opts: TrainOptions, train: Callable[[], dict],
         from accelerate import PartialState
 
         if PartialState().is_main_process:
-            write_text_atomic(opts.skipped, json.dumps({"reason": e.message}) + "\n")
+            write_text_atomic(opts.skipped,
+                              json.dumps({"reason": e.message}, allow_nan=False) + "\n")
         say(f"nothing to train ({e.one_line()}): wrote {opts.skipped}; the model stays as "
             "it was")
         return {"skipped": e.message}

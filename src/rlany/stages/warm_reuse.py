@@ -217,9 +217,11 @@ def _copy_sibling(warm: Path, want: dict, key: dict) -> tuple[Path | None, str |
                             ignore=shutil.ignore_patterns("rlany.json", "*.meta.json"))
             origin = str(src)
             write_text_atomic(meta_path(tmp / DEMOS),
-                              json.dumps({**meta, "reused_from": origin}, indent=2) + "\n")
+                              json.dumps({**meta, "reused_from": origin}, indent=2,
+                                         allow_nan=False) + "\n")
             write_text_atomic(tmp / SFT / "rlany.json",  # a checkpoint is complete with it
-                              json.dumps({**ckpt, "reused_from": origin}, indent=2) + "\n")
+                              json.dumps({**ckpt, "reused_from": origin}, indent=2,
+                                         allow_nan=False) + "\n")
             if _matches(src, want, old, new, key)[0] is None:  # changed while it was copied
                 raise OSError("changed")
             if any(warm.iterdir()):

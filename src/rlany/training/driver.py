@@ -201,7 +201,7 @@ def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
         lines: list[str] = []
 
         def log(record: dict) -> None:
-            lines.append(json.dumps(record))
+            lines.append(json.dumps(record, allow_nan=False))
             write_text_atomic(metrics_path, "\n".join(lines) + "\n")
             if "loss" in record:
                 ppo = (f" kl {record['kl']:.4f} clip {record['clip_frac']:.3f}"

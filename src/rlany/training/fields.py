@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rlany import limits
 from rlany.errors import RlanyError
 from rlany.options import opt
 
@@ -43,7 +44,8 @@ class TrainFields:
     adapter: str | None = opt(None, "Continue training this LoRA adapter (or, with --full, "
                               "this model directory).", scope="io")
     iteration: int = opt(0, "Loop iteration, recorded in rlany.json.", scope="io", min=0)
-    seed: int = opt(0, "Seed of the LoRA init and the sample order.", scope="run", min=0)
+    seed: int = opt(0, "Seed of the LoRA init and the sample order.", scope="run", min=0,
+                    max=limits.MAX_SEED)
     lr: float = opt(3e-4, "AdamW learning rate. LoRA: 3e-4 (research/LOG.md, 2026-11-22: "
                     "2e-5 did not move SmolLM2-135M in 3 iterations, 3e-4 and 1e-3 did); "
                     "full fine-tuning wants ~1e-6. `rlany loop` from a warm start trains "

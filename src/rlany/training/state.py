@@ -137,7 +137,7 @@ def save_state(acc, partial: Path, step: int, meta: dict, plan: str | None = Non
     if acc.is_main_process:
         tmp = partial / "state.json.tmp"
         tmp.write_text(json.dumps({"step": step, "data_sha256": meta.get("data_sha256"),
-                                   "plan": plan, "update": update}))
+                                   "plan": plan, "update": update}, allow_nan=False))
         os.replace(tmp, partial / "state.json")
         for old in partial.glob("step-*"):
             if old.name != f"step-{step}":
@@ -167,5 +167,5 @@ def save_final(model, weights: dict, tokenizer, output: Path, meta: dict) -> Non
     model.save_pretrained(tmp, state_dict=weights, **kw)
     if not hasattr(model, "peft_config"):  # a full model directory needs its tokenizer
         tokenizer.save_pretrained(tmp)
-    (tmp / "rlany.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (tmp / "rlany.json").write_text(json.dumps(meta, indent=2, allow_nan=False) + "\n")
     os.replace(tmp, output)
