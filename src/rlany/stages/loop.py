@@ -284,14 +284,20 @@ class Loop:
         first = max(0, it - self.cfg.rm_buffer + 1)
         if first == it:
             return str(d / "scored.jsonl")
-        out = d / "rm_input.jsonl"
-        if not out.exists() and not (d / "rm" / "rlany.json").exists():
-            older = [self.dir / f"iter_{j:03d}" / "scored.jsonl" for j in range(first, it)]
+        older = [self.dir / f"iter_{j:03d}" / "scored.jsonl" for j in range(first, it)]
+        return self.joined(d / "rm_input.jsonl", older, d / "rm" / "rlany.json",
+                           f"rm_buffer = {self.cfg.rm_buffer}", d / "scored.jsonl")
+
+    def joined(self, out: Path, older: list[Path], done: Path, why: str, *now: Path) -> str:
+        """`out`, the byte concatenation of earlier iterations' files `older` (each must be
+        there) and this one's `now`, made once (not when `done`, what the stage reading it
+        completes, exists)."""
+        if not out.exists() and not done.exists():
             for path in older:
                 if not path.is_file():
-                    raise RlanyError(f"rm_buffer = {self.cfg.rm_buffer} needs {path}, which "
-                                     "is missing", where=str(self.dir))
-            self._copy(older[0], out, *older[1:], d / "scored.jsonl")
+                    raise RlanyError(f"{why} needs {path}, which is missing",
+                                     where=str(self.dir))
+            self._copy(older[0], out, *older[1:], *now)
         return str(out)
 
     def _copy(self, src: Path, dst: Path, *more: Path) -> None:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 ENV_LOOP = ("pending", "rejected", "proposed", "accepted_by_direction", "rejected_by_reason",
             "candidate_acc", "candidate_parent_acc", "accepted_acc", "accepted_parent_acc",
-            "difficulty", "lineage_depth_mean", "lineage_depth_max", "adapted_share", "stones")
+            "difficulty", "lineage_depth_mean", "lineage_depth_max", "adapted_share", "stones",
+            "pool_rewrites", "choice_by_kind", "choice_by_position", "choice_by_env_rank",
+            "offered_by_kind")
 
 
 def collect_metrics(d: Path) -> dict:
