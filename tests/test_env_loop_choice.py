@@ -177,3 +177,34 @@ def test_cli_learnability_reads_the_history_and_records_the_choice(tmp_path, cli
     assert r.returncode == 1 and f"{history}:1: a decision needs" in r.stderr
     r = cli(*args[:-6], "--history", str(history))  # --rewrite auto: nothing reads it
     assert r.returncode == 2 and "--history is what --rewrite learnability" in r.stderr
+
+
+def test_loop_chooses_by_learnability_from_the_earlier_decisions(tmp_path, tiny_model):
+    """`[adapt_tasks] rewrite = "learnability"` and `[score] candidates = "train"` from a
+    loop config: each iteration after the first joins the earlier decisions into
+    edit_history.jsonl, which adapt-tasks reads; candidates record their kind and menu
+    position and metrics.jsonl the choice by kind."""
+    from test_loop import _config, _run
+
+    config = _config(tmp_path, tiny_model, step_feedback=False, rm_training=False,
+                     env_adaptation=True, iterations=3)
+    text = open(config).read().replace("iterations = 2\n", "")
+    with open(config, "w") as f:
+        f.write(text + '[adapt_tasks]\ncritic = "env"\nrewrite = "learnability"\n'
+                '[score]\ncandidates = "train"\n')
+    run = _run(config).dir
+    it = [run / f"iter_{k:03d}" for k in range(3)]
+    assert not (it[0] / "edit_history.jsonl").exists()
+    assert (it[1] / "edit_history.jsonl").read_bytes() == (it[0] / "decisions.jsonl").read_bytes()
+    assert (it[2] / "edit_history.jsonl").read_bytes() == b"".join(
+        (d / "decisions.jsonl").read_bytes() for d in it[:2])
+    meta = json.loads((it[2] / "next_tasks.meta.json").read_text())
+    assert meta["flags"]["history"] == str(it[2] / "edit_history.jsonl")
+    assert meta["flags"]["rewrite"] == "learnability"
+    score = json.loads((it[1] / "scored.meta.json").read_text())
+    assert score["flags"]["candidates"] == "train"
+    cands = read_jsonl(it[0] / "candidates.jsonl")
+    assert cands and all({"edit_kind", "menu_position", "env_rank"} <= set(c["candidate"])
+                         for c in cands)
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert sum(metrics[0]["env_loop"]["choice_by_kind"].values()) == len(cands)
