@@ -108,8 +108,8 @@ def test_a_start_state_is_validated():
 
 
 def test_an_adapted_tasks_edits_are_made_from_its_root():
-    """Edits never stack: easier, the root's edits easier than the adapted task; harder, a
-    step back toward the root, the root itself first."""
+    """Edits never stack: easier, the root's edits easier than an easier rewrite; harder, a
+    step back toward the root, the root itself first (and the reverse for a harder one)."""
     env = HouseholdEnv()
     root = make_tasks(1, seed=31, receptacles=3, kinds="pick_and_place", closed=1.0)[0].spec
     menu = env.edits(root, "easier")
@@ -126,12 +126,17 @@ def test_an_adapted_tasks_edits_are_made_from_its_root():
     assert start_at in [e.spec for e in harder]
     d_root, d_held = len(expert_actions(root)), len(expert_actions(holding))
     assert all(d_held <= len(expert_actions(e.spec)) <= d_root for e in harder)
+    # a harder rewrite steps back the other way: easier, its root first
+    bigger = env.edits(root, "harder")[0].spec
+    back = env.edits(bigger, "easier", root=root)
+    assert back[0].spec == root and all(
+        len(expert_actions(e.spec)) <= len(expert_actions(bigger)) for e in back)
 
 
 def test_the_easier_menu_deals_plan_shortening_edits_first():
     """Plan-shortening kinds come first; "remove" and "step limit", which leave the plan as
     it is, last; every item of the mid pool's menus is dealt in that order."""
-    assert ORDER["easier"][:3] == ("start holding", "start at", "open")
+    assert ORDER["easier"][:4] == ("back to the original", "start holding", "start at", "open")
     assert ORDER["easier"][-1] == "step limit" and ORDER["easier"][-2] == "remove object"
     env = HouseholdEnv()
     for task in _pool()[:12]:

@@ -32,8 +32,9 @@ it is, last), the gentlest move of each kind first; every one passes `HouseholdE
 and the list depends only on the specs (choices are seeded by a hash of them).
 
 From the root (`root`): the edits of an adapted task are made from its original task, so
-edits never stack: easier, the root's edits easier than the adapted task; harder, a step
-back toward the root (the root itself first, then the root's edits between the two).
+edits never stack. Toward the root (a harder step of an easier rewrite, or an easier step of
+a harder one) the menu steps back: the root itself first, then the root's edits between the
+two; away from it, the root's edits beyond the adapted task (easier than an easier rewrite).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ PLACE_TARGETS = tuple(r for r in RECEPTACLES if r not in ("desklamp", "sinkbasin
 BACK = "back to the original"  # the harder step of an adapted task all the way to its root
 OPT_IN = HouseholdEnv.opt_in_edits  # kinds offered only when asked (`allow`): they change the goal
 ORDER = {  # the order kinds of edit are dealt in; a kind not listed comes before the last two
-    "easier": ("start holding", "start at", "open", "goal object", "goal receptacle",
+    "easier": (BACK, "start holding", "start at", "open", "goal object", "goal receptacle",
                "goal kind", "move", "start room", "remove room", "remove receptacle",
                "remove object", "step limit"),
     "harder": (BACK, "goal object", "goal receptacle", "goal kind", "close", "move",
@@ -88,8 +89,11 @@ def edits(spec: dict, direction: str, root: dict | None = None,
     sign = 1 if direction == "harder" else -1
     rng = random.Random(zlib.crc32(json.dumps(source, sort_keys=True).encode()))
     slack = source.get("max_steps", 20) - len(expert_actions(source))
+    # toward the root (a harder step of an easier rewrite, or the reverse): the root first,
+    # then its edits between the two; away from it, the root's edits beyond the rewrite
+    toward = top is not None and (top > here) - (top < here) == sign
     by_group: dict[str, list] = {}
-    if top is not None and direction == "harder" and root != spec:
+    if toward and root != spec:
         by_group[BACK] = [((0,), "back to the original task", deepcopy(root))]
     for group, text, new in _candidates(source, rng):
         if group in OPT_IN and group not in allow:
@@ -99,7 +103,7 @@ def edits(spec: dict, direction: str, root: dict | None = None,
             continue
         text, new = _fit_steps(text, new, len(plan), slack)
         key = _key(new, len(plan))
-        between = top is None or direction == "easier" or key < top
+        between = not toward or (key < top if sign > 0 else key > top)
         if (key > here) - (key < here) == sign and between and new != spec:
             move = tuple(abs(a - b) for a, b in zip(key, here))
             by_group.setdefault(group, []).append((move, text, new))
