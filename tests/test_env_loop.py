@@ -38,20 +38,24 @@ def _adapt(descend: int, iterations: int = 8, engine=None,
            every: list | None = None) -> tuple[list, list, list]:
     """`adapt-tasks` as the loop runs it, on a pool whose plans (4+ actions) the stand-in
     policy never solves; returns (pool, last decisions, last candidates); `every` collects
-    each iteration's decisions. Each accepted decision replaces one pool task."""
+    each iteration's decisions. Originals stay: each accepted decision adds one task to the
+    pool, beside its original or in its adapted parent's place, at most one an original."""
     env = make_env("household")
     pool = make_tasks(2, seed=5, rooms=1, receptacles=3, distractors=1, closed=1.0,
                       kinds="pick_and_place")
     assert all(env.difficulty(t.spec)["plan_length"] >= 4 for t in pool)
-    rng, pending, decisions = random.Random(0), [], []
+    rng, pending, decisions, originals = random.Random(0), [], [], list(pool)
     # the model's pick: the first (gentlest) edit
     engine = engine or FakeEngine(lambda request, k: "1")
     for it in range(iterations):
         stats = {t.task_id: _stats(t.task_id, _policy(env, t.spec, rng)) for t in pool + pending}
         opts = AdaptOptions(iteration=it, samples=1, descend=descend)
         before, (pool, decisions) = pool, decide(pool, pending, stats, opts)
-        assert sum(d["accepted"] for d in decisions) == sum(
-            a is not b for a, b in zip(before, pool))
+        assert sum(d["accepted"] for d in decisions) == len(
+            {t.task_id for t in pool} - {t.task_id for t in before})
+        assert [t for t in pool if t.lineage.version == 0] == originals
+        roots = [t.lineage.root_id for t in pool if t.lineage.version]
+        assert len(roots) == len(set(roots))
         (every if every is not None else []).extend(decisions)
         for d in decisions:  # nothing unsolved or not easier is ever accepted
             assert not d["accepted"] or 0 < d["acc"] < 0.8 and d["acc"] > d["parent_acc"]
@@ -69,7 +73,7 @@ def test_adaptation_from_an_unsolvable_pool_reaches_a_solvable_task():
     accept) every candidate stays unsolved and nothing is accepted."""
     env = make_env("household")
     stuck, decisions, _ = _adapt(descend=0)
-    assert all(t.lineage.version == 0 for t in stuck)
+    assert all(t.lineage.version == 0 for t in stuck) and len(stuck) == 2
     assert decisions and not any(d["accepted"] for d in decisions)
     pool, decisions, pending = _adapt(descend=4)
     solved = [t for t in pool if env.difficulty(t.spec)["plan_length"] <= 2]
@@ -85,10 +89,13 @@ def test_adaptation_from_an_unsolvable_pool_reaches_a_solvable_task():
 def test_a_parent_takes_one_candidate_an_iteration():
     """With stepping stones a parent has several candidates at once (its own rewrite and its
     stones'); a random pick makes them differ, so two can pass in one iteration: the first
-    is accepted, the next rejected as "parent replaced" (each accepted decision replaces
-    one pool task: `_adapt` checks it), and counted as such."""
+    is accepted, the next rejected as "parent replaced" (each accepted decision adds one
+    pool task: `_adapt` checks it), and counted as such; one that passes once its original
+    already has its rewrite is rejected as "root full"."""
     every: list = []
-    _adapt(descend=4, engine=RandomEdits(1, 0), every=every)
+    _adapt(descend=4, engine=RandomEdits(0, 0), every=every)
+    full = [d for d in every if d["reason"].startswith("root full: ")]
+    assert full and not any(d["accepted"] for d in full)
     replaced = [d for d in every if d["reason"].startswith("parent replaced by ")]
     assert replaced and all(not d["accepted"] and d["acc"] > 0 for d in replaced)
     won = {(d["iteration"], d["parent_id"]): d["task_id"] for d in every if d["accepted"]}
@@ -261,11 +268,13 @@ def test_an_exclusion_with_free_rewrites_is_refused():
     from rlany.errors import RlanyError
     from rlany.options import validate
 
-    with pytest.raises(RlanyError, match="--exclude-edits leaves edits out of the env's "
-                                         "menu, and --rewrite free shows the model none"):
+    with pytest.raises(RlanyError, match="--exclude-edits changes the env's menu of edits, "
+                                         "and --rewrite free shows the model none"):
         validate(AdaptOptions(rewrite="free", exclude_edits="goal kind"))
-    with pytest.raises(RlanyError, match=r"\[adapt_tasks\] exclude_edits leaves"):
+    with pytest.raises(RlanyError, match=r"\[adapt_tasks\] exclude_edits changes"):
         validate(AdaptOptions(rewrite="free", exclude_edits="goal kind"), "[adapt_tasks]")
+    with pytest.raises(RlanyError, match="--allow-edits changes"):
+        validate(AdaptOptions(rewrite="free", allow_edits="goal kind"))
     validate(AdaptOptions(rewrite="edits", exclude_edits="goal kind"))  # a menu: fine
 
 
@@ -277,8 +286,9 @@ def test_random_rewrites_read_no_summary_and_auto_reads_what_a_task_has():
     from rlany.options import validate
     from rlany.stages.critiques import either
 
-    with pytest.raises(RlanyError, match="--rewrite random is the control"):
-        validate(AdaptOptions(rewrite="random", summary="model"))
+    for rewrite in ("random", "learnability"):
+        with pytest.raises(RlanyError, match=f"--rewrite {rewrite} chooses without a model"):
+            validate(AdaptOptions(rewrite=rewrite, summary="model"))
     judged = {"a": "- the agent never opened it", "b": "- \\boxed{-1}", "c": "- \\boxed{1}"}
     accounts = {"a": "env a", "b": "env b", "d": "env d"}
     assert either(judged, accounts, ["a", "b", "c", "d", "e"]) == {

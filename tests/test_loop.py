@@ -44,7 +44,8 @@ def _stats(task_id, acc, n=4):
                      parse_fail_rate=None, judge_outcome_agreement=None)
 
 
-def test_accepted_candidate_replaces_parent_and_keeps_lineage():
+def test_accepted_candidate_goes_beside_its_original_and_keeps_lineage():
+
     pool = make_tasks(3, seed=0)
     parent = pool[1]
     cand = Task(task_id="c1", env="reasoning", spec={"question": "What is 9 + 9 + 9?",
@@ -59,10 +60,26 @@ def test_accepted_candidate_replaces_parent_and_keeps_lineage():
              "c2": _stats("c2", 0.0)}
     new_pool, decisions = decide(pool, [cand, reject], stats,
                                  AdaptOptions(iteration=3))
-    assert [t.task_id for t in new_pool] == [pool[0].task_id, "c1", pool[2].task_id]
-    assert new_pool[1].lineage.accepted_iter == 3 and "candidate" not in new_pool[1].extra
+    # originals stay: the accepted rewrite goes beside its original, not in its place
+    assert [t.task_id for t in new_pool] == [pool[0].task_id, parent.task_id, "c1",
+                                             pool[2].task_id]
+    assert new_pool[2].lineage.accepted_iter == 3 and "candidate" not in new_pool[2].extra
     assert [d["accepted"] for d in decisions] == [True, False]
     assert "acc(q') = 0" in decisions[1]["reason"]
+    # a rewrite of the rewrite (made from the same original) takes its place
+    again = replace(cand, task_id="c3", lineage=replace(cand.lineage, parent_id="c1"))
+    stats.update(c1=_stats("c1", 1.0), c3=_stats("c3", 0.5))
+    newer, (d,) = decide(new_pool, [again], stats, AdaptOptions(iteration=4))
+    assert d["accepted"] and [t.task_id for t in newer] == [
+        pool[0].task_id, parent.task_id, "c3", pool[2].task_id]
+    # at most --rewrites-per-root rewrites of an original: a second one is refused
+    other = replace(cand, task_id="c4")
+    stats.update(c4=_stats("c4", 0.5))
+    same, (d,) = decide(newer, [other], stats, AdaptOptions(iteration=4))
+    assert not d["accepted"] and d["reason"].startswith(f"root full: {parent.task_id} has 1")
+    assert same == newer
+    two, (d,) = decide(newer, [other], stats, AdaptOptions(iteration=4, rewrites_per_root=2))
+    assert d["accepted"] and [t.task_id for t in two][1:4] == [parent.task_id, "c3", "c4"]
 
 
 @pytest.mark.parametrize("text,spec", [
@@ -362,19 +379,26 @@ def test_adapt_edits_mode_picks_an_env_edit_and_records_it():
     cands, rejected, tally = propose(pool, table, critiques, engine, make_env,
                                      AdaptOptions(samples=2))
     assert len(cands) == 2 and not rejected
-    assert tally == {"proposals": 4, "valid_proposals": 4, "edits_tasks": 2, "free_tasks": 0}
+    assert {k: tally[k] for k in ("proposals", "valid_proposals", "edits_tasks",
+                                  "free_tasks")} == {"proposals": 4, "valid_proposals": 4,
+                                                     "edits_tasks": 2, "free_tasks": 0}
     env = make_env("household")
-    for cand, (parent, direction) in zip(cands, [(pool[0], "harder"), (pool[1], "easier")]):
+    for k, (cand, (parent, direction)) in enumerate(zip(cands, [(pool[0], "harder"),
+                                                                (pool[1], "easier")])):
         menu = env.edits(parent.spec, direction)
-        assert cand.spec == menu[1].spec and env.validate(cand.spec) == []
-        assert cand.extra["candidate"]["edit"] == menu[1].description
+        info = cand.extra["candidate"]
+        # item 2 of the menu as shown, shuffled: the env's item env_rank
+        assert info["menu_position"] == 2 and info["menu_size"] == len(menu)
+        chosen = menu[info["env_rank"] - 1]
+        assert cand.spec == chosen.spec and env.validate(cand.spec) == []
+        assert (info["edit"], info["edit_kind"]) == (chosen.description, chosen.kind)
         assert cand.lineage.direction == direction
+        # the prompt lists the numbered edits, item 2 the one chosen; the answer is
+        # constrained to their numbers
+        request = engine.calls[0][k]
+        assert request.sampling.choices == tuple(str(j) for j in range(1, len(menu) + 1))
+        assert f"2. {chosen.description}\n" in request.messages[-1]["content"]
     assert cands[0].extra["candidate"]["critique"] == critiques[pool[0].task_id]
-    # the prompt lists the numbered edits; the answer is constrained to their numbers
-    request = engine.calls[0][0]
-    assert request.sampling.choices == tuple(str(k) for k in range(1, len(
-        env.edits(pool[0].spec, "harder")) + 1))
-    assert "1. " in request.messages[-1]["content"]
     # free mode asks for JSON instead
     engine = FakeEngine(lambda request, k: "no json here")
     cands, rejected, tally = propose(pool, table, {}, engine, make_env,

@@ -118,17 +118,45 @@ def test_sample_tasks_draws_k_of_the_pool_per_iteration_and_keeps_candidates():
               for i in range(1, 6)}
     assert len(others | {tuple(ids)}) > 1                     # a new draw per iteration
     assert sample_tasks(tasks, RolloutOptions()) == tasks      # default: every task
-    # a candidate's parent is always rolled out beside it (acceptance compares the two
-    # under one policy), one of the K: K pool tasks still
+    # a candidate's parent is not forced into the draw (parents would fill K): it is
+    # measured by its own draws, so some iterations leave it out
     from rlany.records import Lineage
     for i in (7, 8):
         tasks[i] = replace(tasks[i], extra={"candidate": {}}, lineage=Lineage(
             root_id=tasks[i - 6].task_id, parent_id=tasks[i - 6].task_id, version=1,
             direction="easier"))
-    for it in range(6):
-        got = {t.task_id for t in sample_tasks(tasks, replace(opts, iteration=it))}
-        assert {tasks[j].task_id for j in (1, 2, 7, 8)} <= got and len(got) == 5
-    assert len(sample_tasks(tasks, replace(opts, sample_tasks=1))) == 4  # parents: more
+    draws = [{t.task_id for t in sample_tasks(tasks, replace(opts, iteration=it))}
+             for it in range(12)]
+    assert all({tasks[7].task_id, tasks[8].task_id} <= got and len(got) == 5 for got in draws)
+    assert any(tasks[1].task_id not in got for got in draws)
+
+
+def test_sample_tasks_keeps_rewrites_to_the_replay_share():
+    """Of the K drawn pool tasks at most floor(replay_share x K) are rewrites (lineage
+    version > 0), the rest originals, whatever share of the pool the rewrites are."""
+    from rlany.envs.household import make_tasks
+    from rlany.records import Lineage
+    from rlany.stages.rollout import sample_tasks
+
+    tasks = make_tasks(24, seed=1)
+    for i in range(0, 24, 2):  # half the pool: rewrites of the other half
+        tasks[i + 1] = replace(tasks[i + 1], lineage=Lineage(
+            root_id=tasks[i].task_id, parent_id=tasks[i].task_id, version=1,
+            direction="easier", accepted_iter=0))
+    rewrites = {t.task_id for t in tasks if t.lineage.version}
+    for share, k, most in ((0.25, 8, 2), (0.0, 8, 0), (0.5, 8, 4), (1.0, 4, 4)):
+        seen = 0
+        for it in range(10):
+            got = sample_tasks(tasks, RolloutOptions(sample_tasks=k, replay_share=share,
+                                                     iteration=it))
+            drawn = sum(t.task_id in rewrites for t in got)
+            assert len(got) == k and drawn == most, (share, k, drawn)
+            seen += drawn
+        assert seen == 10 * most
+    # a pool of few originals: the draw is smaller, never more rewrites than the share
+    few = tasks[:1] + [t for t in tasks if t.task_id in rewrites]
+    got = sample_tasks(few, RolloutOptions(sample_tasks=8, replay_share=0.25))
+    assert len(got) == 3 and sum(t.task_id in rewrites for t in got) == 2
 
 
 def test_history_turns_zero_keeps_the_task_and_the_newest_observation():

@@ -85,6 +85,12 @@ class Edit:
     """One env-provided rewrite of a task (`Environment.edits`)."""
     description: str  # one short line, e.g. "goal object: apple -> mug"
     spec: dict  # the whole new spec; passes the env's validate(spec)
+    kind: str = ""  # the kind of edit, e.g. "goal object" (default: the description's head)
+
+    @property
+    def kind_name(self) -> str:
+        """The edit's kind: `kind`, else its description before a ':' (e.g. "step limit")."""
+        return self.kind or self.description.split(":")[0].strip()
 
 
 DIRECTIONS = ("harder", "easier")
@@ -280,11 +286,21 @@ def make_env(name: str) -> Environment:
     return factory(name)()
 
 
-def offered_edits(env: Environment, spec: dict, direction: str) -> list[Edit]:
-    """The env's edits of `spec` in `direction` ("harder" | "easier"); [] if it has none."""
+def offered_edits(env: Environment, spec: dict, direction: str, root: dict | None = None,
+                  allow: tuple[str, ...] = ()) -> list[Edit]:
+    """The env's edits of `spec` in `direction` ("harder" | "easier"); [] if it has none.
+    `root`: the original task `spec` was adapted from; an env that makes edits from the
+    root (`edits_from_root`, household) edits the root (edits never stack), another edits
+    `spec` itself. `allow`: opt-in kinds of edit (`opt_in_edits`, household's "goal kind")
+    to offer too where the env has them."""
     if direction not in DIRECTIONS:
         raise RlanyError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
-    return list(env.edits(spec, direction)) if isinstance(env, OffersEdits) else []
+    if not isinstance(env, OffersEdits):
+        return []
+    if getattr(env, "edits_from_root", False):
+        mine = tuple(a for a in allow if a in getattr(env, "opt_in_edits", ()))
+        return list(env.edits(spec, direction, root=root, allow=mine))
+    return list(env.edits(spec, direction))
 
 
 def parse_action(response: str, admissible: list[str]) -> tuple[str | None, dict]:

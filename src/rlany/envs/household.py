@@ -27,11 +27,13 @@ the goal from the state it was taken in (d(s') = d(s) - 1, d from the exact sear
 `household_plan`), else -1 (detours, no-ops, unreadable). `eval --judge` measures the judge.
 
 The spec is JSON a rewriter can edit (goal kind, object and target types, hint, layout,
-max_steps); `validate` checks it is well-formed, not already solved and solvable within
-max_steps by running a shortest plan (`expert_actions`) through the environment itself.
-`edits(spec, direction)` offers up to 8 small rewrites ("goal object: apple -> mug", "close
-drawer 1", "add room bedroom", ...) whose shortest plan is longer (harder) or shorter
-(easier), or equal on a larger (smaller) world; see `household_edits`.
+max_steps, and a start state: `start_at` a receptacle, `start_holding` objects, see
+`household_spec`); `validate` checks it is well-formed, not already solved and solvable
+within max_steps by running a shortest plan (`expert_actions`) through the environment
+itself. `edits(spec, direction)` offers up to 8 small rewrites that keep the goal's kind
+("start holding mug 1 at drawer 1", "goal object: apple -> mug", "close drawer 1", ...)
+whose shortest plan is longer (harder) or shorter (easier), or equal on a larger (smaller)
+world; see `household_edits`.
 """
 
 from __future__ import annotations
@@ -92,8 +94,8 @@ class HouseholdEnv:
                                       "contents": list(x.get("contents", []))}
                           for x in recs} for r, recs in task.spec["rooms"].items()}
         self.room = task.spec["start_room"]
-        self.at: str | None = None
-        self.holding: list[str] = []
+        self.at: str | None = task.spec.get("start_at")  # the tail-first edits' start state
+        self.holding: list[str] = list(task.spec.get("start_holding", []))
         self.states: dict[str, set[str]] = {}
         self.lamp_used_with: str | None = None
         self.steps = 0
@@ -126,7 +128,11 @@ class HouseholdEnv:
             + (f" [{', '.join(r['contents'])}]" if r.get("contents") else "")
             for r in recs) for room, recs in spec["rooms"].items())
         hint = f" Hint: {spec['hint']}" if spec.get("hint") else ""
-        return (f"Goal: {goal_text(spec['goal'])} The robot starts in the {spec['start_room']}."
+        at = f" at {spec['start_at']}" if spec.get("start_at") else ""
+        held = (f", holding {', '.join(spec['start_holding'])}" if spec.get("start_holding")
+                else "")
+        return (f"Goal: {goal_text(spec['goal'])} The robot starts in the {spec['start_room']}"
+                f"{at}{held}."
                 f" Layout: {layout}. Step limit: {spec.get('max_steps', 20)}.{hint}")
 
     def validate(self, spec: dict, check_solvable: bool = True) -> list[str]:
@@ -158,11 +164,17 @@ class HouseholdEnv:
         plan = shortest_plan(self)
         return plan[0] if plan else None
 
-    def edits(self, spec: dict, direction: str) -> list:
-        """Small rewrites of a valid spec that make it harder or easier (`household_edits`)."""
+    opt_in_edits = ("goal kind",)  # edits that change the goal's kind: offered when allowed
+    edits_from_root = True  # an adapted task's edits are made from its original (`root`)
+
+    def edits(self, spec: dict, direction: str, root: dict | None = None,
+              allow: tuple[str, ...] = ()) -> list:
+        """Small rewrites of a valid spec (or of its original task, `root`) that make it
+        harder or easier, each keeping the goal's kind unless `allow` names "goal kind"
+        (`household_edits`)."""
         from rlany.envs.household_edits import edits
 
-        return edits(spec, direction)
+        return edits(spec, direction, root, allow)
 
     def difficulty(self, spec: dict) -> dict[str, float]:
         """plan_length (a shortest plan), size (rooms + receptacles + objects), max_steps."""
@@ -275,48 +287,10 @@ class HouseholdEnv:
 
 
 def _check_shape(spec: dict) -> list[str]:
-    if not isinstance(spec, dict):
-        return ["spec must be an object"]
-    problems = []
-    rooms, goal = spec.get("rooms"), spec.get("goal")
-    if not isinstance(rooms, dict) or not rooms:
-        return ["spec.rooms must be a non-empty object of room -> receptacles"]
-    if spec.get("start_room") not in rooms:
-        problems.append("spec.start_room must name a room")
-    names, objects = set(), []
-    for room, recs in rooms.items():
-        if not isinstance(recs, list):
-            problems.append(f"rooms.{room} must be a list")
-            continue
-        for r in recs:
-            if not isinstance(r, dict) or not isinstance(r.get("name"), str) or \
-                    r.get("type") not in RECEPTACLES or _type(r["name"]) != r["type"]:
-                problems.append(f"rooms.{room}: bad receptacle {str(r)[:80]}")
-                continue
-            if r["name"] in names:
-                problems.append(f"duplicate receptacle {r['name']}")
-            names.add(r["name"])
-            contents = r.get("contents", [])
-            if not isinstance(contents, list) or not all(
-                    isinstance(o, str) and _type(o) in OBJECTS for o in contents):
-                problems.append(f"{r['name']}: contents must be known objects")
-            else:
-                objects += contents
-    if len(objects) != len(set(objects)):
-        problems.append("an object is in two places")
-    if not isinstance(goal, dict) or goal.get("kind") not in KINDS:
-        return problems + [f"spec.goal.kind must be one of {', '.join(KINDS)}"]
-    if goal.get("object") not in OBJECTS:
-        problems.append("spec.goal.object must be a known object type")
-    if goal["kind"] not in ("pick", "look_at_in_light") and goal.get("target") not in RECEPTACLES:
-        problems.append("spec.goal.target must be a receptacle type")
-    steps = spec.get("max_steps", 20)
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 100:
-        problems.append("spec.max_steps must be an integer in 1..100")
-    unknown = set(spec) - {"rooms", "start_room", "goal", "hint", "max_steps", "seed"}
-    if unknown:
-        problems.append(f"unknown spec keys {sorted(unknown)}")
-    return problems
+    """What is wrong with the spec's shape (`household_spec`)."""
+    from rlany.envs.household_spec import check_shape
+
+    return check_shape(spec)
 
 
 def expert_actions(spec: dict) -> list[str] | None:

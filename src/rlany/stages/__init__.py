@@ -16,9 +16,11 @@ that share that shape, read by the CLI (`rlany.cli`) and by the loop (`rlany.sta
 Beside them, what only stages use: pairing.py (trajectories with their judgments, for
 score), advantages.py (the standardization behind score's advantages), unit_tests.py (the
 unit-tests mode: the judge's tests run on the programs, score's test rewards), critiques.py
-(adapt-tasks' critique summary), rewrites.py (adapt-tasks' proposals read, and the
-candidate tasks they become), eval_reuse.py (the base evaluation shared by the runs of one
-runs directory), loop_config.py, loop_stages.py (the loop's stage tables),
+(adapt-tasks' critique summary), adapt_decide.py and adapt_propose.py (adapt-tasks'
+acceptance and proposals), edit_choice.py (its menu shuffle and learnability choice),
+rewrites.py (adapt-tasks' proposals read, and the candidate tasks they become),
+task_draw.py (rollout's `--sample-tasks` draw), eval_reuse.py (the base evaluation shared
+by the runs of one runs directory), loop_config.py, loop_stages.py (the loop's stage tables),
 loop_metrics.py, loop_launch.py (training under `[launch] train`), loop_plan.py and
 loop_shards.py (`loop --print-plan`'s script and its sharded stages), expert.py (`rollout
 --expert`, `judge --labels`: the env's expert instead of a model) and resume.py (a killed
@@ -83,6 +85,8 @@ COMMANDS = (
             "rlany rollout -i tasks.jsonl -o traj.jsonl --engine openai --base-url "
             "http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct --adapter ckpt/policy-1 "
             "--allow-unverified",
+            "rlany rollout -i next_tasks.jsonl -o traj.jsonl --sample-tasks 16 --replay-share 0.5 "
+            "--iteration 3",
         )),
     Command("judge", judge, judge.JudgeOptions, "generates",
         "Judge every step with a generative reward model: m samples per step (sharing the "
@@ -142,15 +146,21 @@ COMMANDS = (
             "rlany loop examples/household/learn.toml --name warm2 --set warm_start=true",
         )),
     Command("adapt-tasks", adapt_tasks, adapt_tasks.AdaptOptions, "generates",
-        "Adapt the environment: accept rolled-out candidates that proved harder/easier, then "
-        "rewrite tasks the policy always (>= alpha-high) or never (<= alpha-low) solves, "
-        "guided by a summary of the reward model's critiques.",
+        "Adapt the environment: accept rolled-out candidates that proved harder/easier (beside "
+        "their original task, which stays), then rewrite tasks the policy always (>= "
+        "alpha-high) or never (<= alpha-low) solves, guided by a summary of the critiques.",
         examples=(
             "rlany adapt-tasks -i tasks.jsonl --stats task_stats.jsonl -j judgments.jsonl "
             "-o next_tasks.jsonl --candidates candidates.jsonl --model smollm2",
             "rlany adapt-tasks -i tasks.jsonl --pending candidates.jsonl --stats task_stats.jsonl "
             "-j judgments.jsonl -o next_tasks.jsonl --candidates new_candidates.jsonl "
             "--iteration 2",
+            "rlany adapt-tasks -i tasks.jsonl --stats task_stats.jsonl --trajectories traj.jsonl "
+            "--critic env -o next_tasks.jsonl --candidates candidates.jsonl --rewrite "
+            "learnability --history edit_history.jsonl --acceptance learnability",
+            "rlany adapt-tasks -i tasks.jsonl --stats task_stats.jsonl --trajectories traj.jsonl "
+            "--critic env -o next_tasks.jsonl --candidates candidates.jsonl --allow-edits "
+            "'goal kind' --rewrites-per-root 2",
         )),
     Command("eval", eval, eval.EvalOptions, "generates",
         "Evaluate a policy (base or adapter) on held-out tasks: success rate, pass@k, mean "

@@ -10,7 +10,9 @@ from statistics import fmean
 # a decision's reason, by its first words (`adapt_tasks.acceptance`, `decide`)
 REASONS = {"acc(q') = 0": "unsolved", "not easier": "not_easier", "not harder": "not_harder",
            "parent not in pool": "parent_gone", "candidate not rolled out": "not_rolled_out",
-           "parent replaced": "parent_replaced"}
+           "parent replaced": "parent_replaced", "root full": "root_full",
+           "too few rollouts": "too_few_rollouts", "not learnable": "not_learnable",
+           "not more learnable": "not_more_learnable"}
 
 
 def reason_key(reason: str) -> str:
@@ -26,7 +28,7 @@ def env_loop_counts(pool: list, decisions: list[dict], candidates: list,
     """Per iteration: accepted by direction, rejected by reason, success on the decided
     candidates against their parents (mean acc(q') and acc(q), all and accepted), the
     pool's difficulty (the env's `MeasuresDifficulty`, means over the pool), its lineage
-    depth (mean and max version) and its share of adapted tasks."""
+    depth (mean and max version), its share and count of adapted tasks."""
     from rlany.envs import MeasuresDifficulty
 
     rejected: dict[str, int] = {}
@@ -58,6 +60,7 @@ def env_loop_counts(pool: list, decisions: list[dict], candidates: list,
         "difficulty": {k: _mean(v) for k, v in measures.items()},
         "lineage_depth_mean": _mean(depth), "lineage_depth_max": max(depth, default=0),
         "adapted_share": _mean([float(v > 0) for v in depth]),
+        "pool_rewrites": sum(v > 0 for v in depth),
     }
 
 

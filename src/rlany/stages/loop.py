@@ -59,6 +59,7 @@ from rlany.errors import RlanyError
 from rlany.jsonl import meta_path
 from rlany.stages import BY_TABLE
 from rlany.stages.loop_config import LoopConfig, load_config
+from rlany.stages.loop_metrics import write_metrics
 from rlany.stages.loop_stages import (
     EVAL,
     STAGES,
@@ -123,7 +124,7 @@ class Loop:
             if ran and self.one_stage:
                 return ran
         if self.plan is None:
-            self._write_metrics()
+            write_metrics(self.dir)
             info(f"loop: stopped after iteration {self._stopped} (--stop-after) in {self.dir}"
                  if self._stopped is not None else
                  f"loop: {self.cfg.iterations} iterations complete in {self.dir}")
@@ -291,14 +292,20 @@ class Loop:
         first = max(0, it - self.cfg.rm_buffer + 1)
         if first == it:
             return str(d / "scored.jsonl")
-        out = d / "rm_input.jsonl"
-        if not out.exists() and not (d / "rm" / "rlany.json").exists():
-            older = [self.dir / f"iter_{j:03d}" / "scored.jsonl" for j in range(first, it)]
+        older = [self.dir / f"iter_{j:03d}" / "scored.jsonl" for j in range(first, it)]
+        return self.joined(d / "rm_input.jsonl", older, d / "rm" / "rlany.json",
+                           f"rm_buffer = {self.cfg.rm_buffer}", d / "scored.jsonl")
+
+    def joined(self, out: Path, older: list[Path], done: Path, why: str, *now: Path) -> str:
+        """`out`, the byte concatenation of earlier iterations' files `older` (each must be
+        there) and this one's `now`, made once (not when `done`, what the stage reading it
+        completes, exists)."""
+        if not out.exists() and not done.exists():
             for path in older:
                 if not path.is_file():
-                    raise RlanyError(f"rm_buffer = {self.cfg.rm_buffer} needs {path}, which "
-                                     "is missing", where=str(self.dir))
-            self._copy(older[0], out, *older[1:], d / "scored.jsonl")
+                    raise RlanyError(f"{why} needs {path}, which is missing",
+                                     where=str(self.dir))
+            self._copy(older[0], out, *older[1:], *now)
         return str(out)
 
     def _copy(self, src: Path, dst: Path, *more: Path) -> None:
@@ -374,7 +381,7 @@ class Loop:
             metrics["seconds"]["engine_start"], self._engine_start = self._engine_start, None
         write_text_atomic(d / "done.json", json.dumps(metrics, indent=2, allow_nan=False) + "\n")
         self._prune(it)
-        self._write_metrics()
+        write_metrics(self.dir)
         info(f"loop: iteration {it} done: train acc {metrics.get('train_acc')}, eval success "
              f"{metrics.get('eval_success')}, accepted tasks {metrics.get('accepted_tasks')}")
 
@@ -387,12 +394,3 @@ class Loop:
                 if ckpt.exists() and str(ckpt) != latest:
                     shutil.rmtree(ckpt)
                     (ckpt.parent / f"{kind}.pruned").write_text("pruned by keep_last\n")
-
-    def _write_metrics(self) -> None:
-        from rlany.outputs import write_text_atomic
-        from rlany.stages.report_read import ITERATION
-
-        done = sorted((int(m[1]), p) for p in self.dir.glob("iter_*/done.json")
-                      if (m := ITERATION.match(p.parent.name)))  # not a copied iter_003.old
-        lines = [json.dumps(json.loads(p.read_text()), allow_nan=False) for _, p in done]
-        write_text_atomic(self.dir / "metrics.jsonl", "".join(x + "\n" for x in lines))

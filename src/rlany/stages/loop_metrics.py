@@ -8,7 +8,9 @@ from pathlib import Path
 
 ENV_LOOP = ("pending", "rejected", "proposed", "accepted_by_direction", "rejected_by_reason",
             "candidate_acc", "candidate_parent_acc", "accepted_acc", "accepted_parent_acc",
-            "difficulty", "lineage_depth_mean", "lineage_depth_max", "adapted_share", "stones")
+            "difficulty", "lineage_depth_mean", "lineage_depth_max", "adapted_share", "stones",
+            "pool_rewrites", "choice_by_kind", "choice_by_position", "choice_by_env_rank",
+            "offered_by_kind")
 
 
 def collect_metrics(d: Path) -> dict:
@@ -72,3 +74,14 @@ def collect_metrics(d: Path) -> dict:
         "eval_judge_step_accuracy": evaluation.get("judge_step_accuracy"),
         "eval_judge_parse_fail_rate": evaluation.get("judge_parse_fail_rate"),
     }
+
+
+def write_metrics(run_dir: Path) -> None:
+    """runs/NAME/metrics.jsonl: every finished iteration's done.json, one line each, in order."""
+    from rlany.outputs import write_text_atomic
+    from rlany.stages.report_read import ITERATION
+
+    done = sorted((int(m[1]), p) for p in run_dir.glob("iter_*/done.json")
+                  if (m := ITERATION.match(p.parent.name)))  # not a copied iter_003.old
+    lines = [json.dumps(json.loads(p.read_text()), allow_nan=False) for _, p in done]
+    write_text_atomic(run_dir / "metrics.jsonl", "".join(x + "\n" for x in lines))

@@ -171,6 +171,9 @@ class _Planned:
     def rm_input(self, d: Path, it: int) -> str:
         return str(d / "scored.jsonl")
 
+    def joined(self, out: Path, *_: object) -> str:
+        return str(out)
+
 
 def _units(loop: Loop) -> Iterator[tuple[Stage, Path, int, dict, bool]]:
     """Every stage a run directory may hold, in the loop's order: (stage, directory,

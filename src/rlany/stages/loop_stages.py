@@ -86,6 +86,16 @@ def skip_file(d: Path, table: str) -> str:
     return f"{d}/{table}.skipped.json"
 
 
+def _history(lp: Loop, d: Path, it: int) -> str | None:
+    """`[adapt_tasks] rewrite = "learnability"`: what it estimates from, the decisions of
+    the earlier iterations, joined into edit_history.jsonl (None before any)."""
+    if lp.cfg.tables.get("adapt_tasks", {}).get("rewrite") != "learnability" or it == 0:
+        return None
+    older = [lp.dir / f"iter_{j:03d}" / "decisions.jsonl" for j in range(it)]
+    return lp.joined(d / "edit_history.jsonl", older, d / "next_tasks.meta.json",
+                     'rewrite = "learnability"')
+
+
 def _pending(loop: Loop, it: int) -> str | None:
     prev = loop.dir / f"iter_{it - 1:03d}" / "candidates.jsonl"
     return str(prev) if it > 0 and prev.exists() else None
@@ -116,7 +126,7 @@ STAGES = (
         judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None,
         trajectories=f"{d}/trajectories.jsonl", pending=_pending(lp, it),
         output=f"{d}/next_tasks.jsonl", candidates=f"{d}/candidates.jsonl",
-        decisions=f"{d}/decisions.jsonl", iteration=it,
+        decisions=f"{d}/decisions.jsonl", iteration=it, history=_history(lp, d, it),
         held_out=lp.cfg.eval_tasks),  # never adapted into a held-out task
         enabled=lambda cfg: cfg.env_adaptation),
 )

@@ -44,14 +44,14 @@ def parse_spec(text: str) -> dict | None:
 
 
 def read_proposal(text: str, menu: list | None, env: Environment
-                  ) -> tuple[dict | None, str | None, str]:
-    """(spec, edit description, why not): an edit number from the menu, or a free rewrite."""
+                  ) -> tuple[dict | None, int | None, str]:
+    """(spec, the edit's index in the menu, why not): an edit number from the menu, or a
+    free rewrite (index None)."""
     if menu is not None:
         k = text.strip()
         if not k.isdigit() or not 1 <= int(k) <= len(menu):
             return None, None, f"not one of the {len(menu)} edits: {clip(text, 40)!r}"
-        edit = menu[int(k) - 1]
-        return edit.spec, edit.description, ""
+        return menu[int(k) - 1].spec, int(k) - 1, ""
     spec = parse_spec(text)
     if spec is None:
         return None, None, "no JSON object in the rewrite"
@@ -78,19 +78,26 @@ def duplicate(flat: str, edit: bool, seen: list[str], held: set[str],
 
 
 def candidate_task(parent: Task, spec: dict, direction: str, parent_acc: float,
-                   critique: str, iteration: int, edit: str | None = None) -> Task:
-    """The candidate q' of `parent`: a new version in its lineage, with what `decide` reads
-    next iteration (the parent's accuracy now) and why it was proposed."""
+                   critique: str, iteration: int, choice: dict | None = None,
+                   source: Task | None = None, taken: set[str] = frozenset()) -> Task:
+    """The candidate q' of `parent`, made from `source` (its original, or `parent` itself):
+    one version past the source in the root's lineage, an id no task in `taken` has, with
+    what `decide` reads next iteration (the parent's accuracy now) and why it was proposed
+    (`choice`: the edit chosen, its kind, menu position and env rank)."""
     lineage = parent.lineage or Lineage(root_id=parent.task_id)
-    version = lineage.version + 1
-    return Task(task_id=f"{lineage.root_id}.v{version}.i{iteration}", env=parent.env,
-                spec=spec, prompt=parent.prompt, split=parent.split,
+    made = source or parent
+    version = (made.lineage.version if made.lineage else 0) + 1
+    task_id, k = f"{lineage.root_id}.v{version}.i{iteration}", 1
+    while task_id in taken:
+        k += 1
+        task_id = f"{lineage.root_id}.v{version}.i{iteration}.{k}"
+    return Task(task_id=task_id, env=parent.env, spec=spec, prompt=parent.prompt,
+                split=parent.split,
                 lineage=Lineage(root_id=lineage.root_id, parent_id=parent.task_id,
                                 version=version, direction=direction),
                 extra={**parent.extra, "candidate": {"parent_acc": parent_acc,
                                                      "proposed_iter": iteration,
-                                                     "critique": critique,
-                                                     **({"edit": edit} if edit else {})}})
+                                                     "critique": critique, **(choice or {})}})
 
 
 class RandomEdits:
@@ -186,24 +193,32 @@ def warn_unmatched(exclude: str | None, matched: set, menus: int) -> None:
              f"edit of {menus} task(s)' menus (an edit's description starts with its name)")
 
 
-def describe(targets: list[tuple[Task, str]], envs: dict[str, Environment],
-             opts: Any) -> tuple[dict[str, str], dict[str, list], list[dict]]:
+def describe(targets: list[tuple[Task, str]], envs: dict[str, Environment], opts: Any,
+             sources: dict[str, Task] | None = None, pool_specs: set[str] = frozenset()
+             ) -> tuple[dict[str, str], dict[str, list], list[dict]]:
     """(descriptions, menus, rejections) of adapt-tasks' targets (`opts`: its AdaptOptions):
     each task as its env describes it and, where edits are used, the env's menu of edits in
-    the direction (empty: nothing to propose, rejected later). A spec its env cannot read is
-    rejected with the reason, as rollout records a broken task instead of failing the batch."""
+    the direction (empty: nothing to propose, rejected later), made from the target's
+    `sources` entry where that is another task (its original), without the items identical
+    to a pool task (`pool_specs`, sorted JSON). A spec its env cannot read is rejected with
+    the reason, as rollout records a broken task instead of failing the batch."""
+    import json
+
     descriptions: dict[str, str] = {}
     menus: dict[str, list] = {}
     broken: list[dict] = []
     matched: set = set()
+    allow = _names(getattr(opts, "allow_edits", None))
     for t, d in targets:
-        env = envs[t.task_id]
+        env, source = envs[t.task_id], (sources or {}).get(t.task_id, t)
+        root = source.spec if source is not t else None
         try:
             descriptions[t.task_id] = env.describe(t)
-            if opts.rewrite in ("edits", "random") or (opts.rewrite == "auto"
-                                                       and isinstance(env, OffersEdits)):
-                menus[t.task_id] = kept_edits(offered_edits(env, t.spec, d),
-                                              opts.exclude_edits, matched)
+            if opts.rewrite in ("edits", "random", "learnability") or (
+                    opts.rewrite == "auto" and isinstance(env, OffersEdits)):
+                menu = offered_edits(env, t.spec, d, root=root, allow=allow)
+                menus[t.task_id] = [e for e in kept_edits(menu, opts.exclude_edits, matched)
+                                    if json.dumps(e.spec, sort_keys=True) not in pool_specs]
         except Exception as e:  # whatever the env raises on a spec it cannot read
             descriptions.pop(t.task_id, None)
             broken.append({"task_id": t.task_id, "direction": d, "iteration": opts.iteration,

@@ -88,9 +88,11 @@ class RolloutOptions(EpisodeFields):
                       "(stdout does not resume).", scope="io", short="-o")
     iteration: int = opt(0, "Loop iteration, part of traj_id.", scope="io", min=0)
     sample_tasks: int | None = opt(None, "Roll out a sample of K of the input's tasks (drawn "
-                                   "from --seed and --iteration, kept in input order; a "
-                                   "candidate's parent always one of them) plus every "
-                                   "candidate task; default: all.", min=1)
+                                   "from --seed and --iteration, kept in input order) plus "
+                                   "every candidate task; default: all.", min=1)
+    replay_share: float = opt(0.25, "With --sample-tasks K: at most this share of the K are "
+                              "rewrites (adapted tasks, lineage version > 0), the rest "
+                              "originals.", min=0, max=1)
     expert: bool = opt(False, "Play the env's expert instead of a model (envs with "
                        "expert_action(): household, alfworld, miniwob): demonstrations for `rlany "
                        "sft`, in the prompts this rollout's flags give (--history-turns, "
@@ -128,19 +130,10 @@ class _Episode:
 
 
 def sample_tasks(tasks: list[Task], opts: RolloutOptions) -> list[Task]:
-    """The tasks one iteration rolls out, in input order: each candidate and its parent (to
-    compare them under one policy), and a seeded sample of the rest: `sample_tasks` in all."""
-    import random
+    """The tasks one iteration rolls out (`rlany.stages.task_draw`)."""
+    from rlany.stages.task_draw import sample_tasks as draw
 
-    parents = {t.lineage.parent_id for t in tasks if "candidate" in t.extra and t.lineage}
-    kept = {id(t): t for t in tasks if "candidate" in t.extra or t.task_id in parents}
-    rest = [t for t in tasks if id(t) not in kept]
-    k = max(0, (opts.sample_tasks or 0) - sum("candidate" not in t.extra for t in kept.values()))
-    if opts.sample_tasks is None or k >= len(rest):
-        return tasks
-    rng = random.Random(stable_seed(opts.seed, "sample_tasks", opts.iteration))
-    chosen = {*kept, *(id(t) for t in rng.sample(rest, k))}
-    return [t for t in tasks if id(t) in chosen]
+    return draw(tasks, opts.sample_tasks, opts.replay_share, opts.seed, opts.iteration)
 
 
 def rollout(tasks: Iterable[Task], engine: Engine, make_env: Callable[[str], Environment],
