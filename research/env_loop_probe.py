@@ -25,8 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import save  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+from lab import save  # noqa: E402
 
 POOL = ROOT / "examples" / "household" / "mid_tasks.jsonl"
 ROLLOUT = ["--n", "{n}", "--max-steps", "8", "--max-tokens", "16", "--temperature", "1.0",
@@ -35,17 +35,17 @@ ROLLOUT = ["--n", "{n}", "--max-steps", "8", "--max-tokens", "16", "--temperatur
 
 def variants(pool) -> list:
     """(task, kind, plan shortening) for the first easier edit of each kind of each task."""
-    from rlany.envs.household_edits import difficulty, edits
+    from rlany.envs import make_env
 
-    out = []
+    env, out = make_env("household"), []
     for task in pool:
         seen = set()
-        before = difficulty(task.spec)["plan_length"]
-        for edit in edits(task.spec, "easier"):
+        before = env.difficulty(task.spec)["plan_length"]
+        for edit in env.edits(task.spec, "easier"):
             if edit.kind in seen:
                 continue
             seen.add(edit.kind)
-            shorter = before - difficulty(edit.spec)["plan_length"]
+            shorter = before - env.difficulty(edit.spec)["plan_length"]
             out.append((replace(task, task_id=f"{task.task_id}.p{len(seen)}", spec=edit.spec),
                         edit.kind, shorter))
     return out
@@ -91,8 +91,7 @@ def main(argv=None) -> int:
         "metric": "success of the easier edits' variants of mid.toml's 64 pool tasks, by kind",
         "policy": args.adapter or "base model", "n": args.n, "by_kind": dict(by_kind),
         "variants": len(made), "rollout_seconds": meta.get("wall_time_s"),
-        "generate_seconds": meta["counts"].get("generate_seconds")},
-        ROOT / "research" / "results"))
+        "generate_seconds": meta["counts"].get("generate_seconds")}))
     return 0
 
 

@@ -63,7 +63,14 @@ def _loop(tmp_path: Path):
     tasks.write_text(Path("examples/household/learn_tasks.jsonl").read_text())
     rm = tmp_path / "rm"
     rm.mkdir()
-    (rm / "adapter_config.json").write_text(json.dumps({"r": 4}))  # engine fake: no weights read
+    # the engine is fake (nothing loads it), but an adapter is checked before any work
+    (rm / "adapter_config.json").write_text(json.dumps({"r": 4, "target_modules": ["q_proj"]}))
+    import torch
+    from safetensors.torch import save_file
+    key = "base_model.model.model.layers.0.self_attn.q_proj"  # SmolLM2's shapes (576)
+    save_file({f"{key}.lora_A.weight": torch.zeros(4, 576),
+               f"{key}.lora_B.weight": torch.zeros(576, 4)},
+              str(rm / "adapter_model.safetensors"))
     config = tmp_path / "loop.toml"
     config.write_text("\n".join([
         'name = "fence"', f'runs_dir = "{tmp_path / "runs"}"', f'tasks = "{tasks}"',
