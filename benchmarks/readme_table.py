@@ -114,7 +114,18 @@ def _openenv(r: dict) -> str:
         f" ({r['server']})"
 
 
-FORMAT = {"demo": _demo, "openenv": _openenv, "suite": _suite, "shared_prefix": _shared_prefix,
+def _adapter(r: dict) -> str:
+    w, a = r["ways"], r["agreement"]
+    pair = a.get("merged_vs_unmerged")
+    return (f"{r['merged_over_base']} merged ({w['merged']['seconds']} vs {w['base']['seconds']} "
+            f"s), {r['unmerged_over_base']} unmerged; greedy tokens as fp32's: merged "
+            f"{a['merged']['greedy_identical_share']:.3f}, unmerged "
+            f"{a['unmerged']['greedy_identical_share']:.3f}"
+            + (f", merged as unmerged {pair['greedy_identical_share']:.3f}" if pair else ""))
+
+
+FORMAT = {"demo": _demo, "adapter": _adapter, "openenv": _openenv, "suite": _suite,
+          "shared_prefix": _shared_prefix,
           "hf_generate": _hf_generate,
           "prompt_prefix": _prompt_prefix,
           "score": _score,

@@ -4,11 +4,14 @@
 # score -> train-policy, final eval on 64 held-out episodes; policy-only RL), then its report
 # with the gain and its interval. Rerun to resume after a kill. The whole RLAnything loop
 # (judge, reward-model training, task adaptation) on a smaller config:
-#   DEMO_CONFIG=examples/household/loop.toml make demo
+#   DEMO_CONFIG=examples/household/loop.toml make demo     # -> runs/demo-loop
+# The run's name follows the config (runs/demo, runs/demo-loop, ...; DEMO_NAME sets it), so
+# the two demos never share a run directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-name=${DEMO_NAME:-demo}
+config_name=$(basename "${DEMO_CONFIG:-}" .toml)
+name=${DEMO_NAME:-demo${DEMO_CONFIG:+-$config_name}}
 rlany models prepare smollm2 >/dev/null
 if [ -z "${DEMO_CONFIG:-}" ]; then  # benchmarks/bench_demo.py, alone on 2 cores
   python - <<'PY' >&2

@@ -28,6 +28,8 @@ PROBE_RESPONSE = "A fridge, a sink and a stove."
 # below this mean per-token distance between the trained and the base model, dtype noise
 # (bf16 against fp32: a few hundredths per token) could make a loaded adapter look unloaded
 MIN_GAP = 0.1
+PROBE_CANDIDATES = 8  # training samples tried as the probe (each: two forward passes)
+PROBE_MAX_TOKENS = 1024
 
 
 def probe_ids(tokenizer) -> tuple[list[int], list[int]]:
@@ -50,20 +52,38 @@ def forward_logprobs(net, prompt: list[int], response: list[int]) -> list[float]
     return logprobs[0, len(prompt) - 1:].tolist()
 
 
-def record(model, tokenizer) -> dict | None:
-    """The probe of a trained PEFT model (None for full fine-tuning: no base to compare)."""
+def record(model, tokenizer, samples=()) -> dict | None:
+    """The probe of a trained PEFT model (None for full fine-tuning: no base to compare):
+    of the first PROBE_CANDIDATES training samples with a response (`samples`: (prompt
+    ids, response ids) pairs, at most PROBE_MAX_TOKENS long) and the fixed kitchen probe,
+    the one the adapter moved furthest from the base model (the training data's own
+    responses move most: a policy adapter's checks on the kitchen probe were mostly below
+    MIN_GAP, "indeterminate")."""
     if not hasattr(model, "disable_adapter"):
         return None
     was_training = model.training
     model.eval()
-    prompt, response = probe_ids(tokenizer)
-    trained = forward_logprobs(model, prompt, response)
-    with model.disable_adapter():
-        base = forward_logprobs(model, prompt, response)
+    pairs = [probe_ids(tokenizer)] + [
+        (list(p), list(r)) for p, r in samples
+        if r and len(p) + len(r) <= PROBE_MAX_TOKENS][:PROBE_CANDIDATES]
+    best = None
+    for prompt, response in pairs:
+        trained = forward_logprobs(model, prompt, response)
+        with model.disable_adapter():
+            base = forward_logprobs(model, prompt, response)
+        gap = _dist(trained, base)
+        if best is None or gap > best[0]:
+            best = (gap, prompt, response, trained, base)
     model.train(was_training)
+    _, prompt, response, trained, base = best
     return {"prompt_ids": prompt, "response_ids": response,
             "logprobs": [round(x, 5) for x in trained],
             "base_logprobs": [round(x, 5) for x in base]}
+
+
+def _dist(a: list[float], b: list[float]) -> float:
+    """Mean absolute difference per token."""
+    return sum(abs(x - y) for x, y in zip(a, b)) / max(len(a), 1)
 
 
 def saved(adapter: str) -> dict | None:
@@ -87,9 +107,6 @@ def saved(adapter: str) -> dict | None:
 def check(probe: dict, got: list[float], adapter: str) -> dict:
     """Compare an engine's probe log-probs with the trainer's; raise when the adapter did
     not reach the engine. Returns what was measured (for the sidecar)."""
-    def dist(a: list[float], b: list[float]) -> float:
-        return sum(abs(x - y) for x, y in zip(a, b)) / max(len(a), 1)
-
     if not all(isinstance(x, (int, float)) and math.isfinite(x)
                for x in [*got, *probe["logprobs"], *probe["base_logprobs"]]):
         raise Unscored("the probe's log-probs are not all finite numbers (NaN or infinity "
@@ -97,8 +114,8 @@ def check(probe: dict, got: list[float], adapter: str) -> dict:
     if len(got) != len(probe["logprobs"]):
         raise RlanyError("adapter probe: the engine tokenized the probe differently; is "
                          "this adapter for this base model?", where=adapter)
-    d_trained, d_base = dist(got, probe["logprobs"]), dist(got, probe["base_logprobs"])
-    gap = dist(probe["logprobs"], probe["base_logprobs"])
+    d_trained, d_base = _dist(got, probe["logprobs"]), _dist(got, probe["base_logprobs"])
+    gap = _dist(probe["logprobs"], probe["base_logprobs"])
     out = {"adapter": adapter, "to_trained": round(d_trained, 5), "to_base": round(d_base, 5),
            "trained_vs_base": round(gap, 5)}
     if gap < MIN_GAP:

@@ -87,8 +87,21 @@ class EngineStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    prefill_seconds: float = 0.0  # of `seconds`, prompt passes (hf; 0 where not measured)
     batch_sizes: list[int] = field(default_factory=list)
     sanitized: int = 0  # completions whose text had invalid Unicode (replaced by U+FFFD)
+
+    def mark(self) -> tuple[int, int, float, float]:
+        return self.calls, self.completion_tokens, self.seconds, self.prefill_seconds
+
+    def since(self, mark: tuple[int, int, float, float]) -> dict:
+        """A sidecar's generation counts since `mark()`: tokens, calls, seconds (and of
+        them, prefill: prompt passes)."""
+        calls, tokens, seconds, prefill = mark
+        return {"completion_tokens": self.completion_tokens - tokens,
+                "generate_calls": self.calls - calls,
+                "generate_seconds": round(self.seconds - seconds, 3),
+                "prefill_seconds": round(self.prefill_seconds - prefill, 3)}
 
     def add(self, requests: Sequence[Request], results: Sequence[Result], seconds: float) -> None:
         """Count one generate call, and sanitize the texts of its results in place."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from rlany.chat import render
 from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
 from rlany.engines.hf_logprobs import SampledLogprobs
-from rlany.errors import RlanyError
+from rlany.engines.hf_merge import Merged
 from rlany.probe import Verifier, forward_logprobs
 from rlany.shared_prefix import common_prefix, shareable, shared_logits
 
@@ -59,44 +59,44 @@ class HfEngine:
         # auto: bf16 only where the CPU or GPU has it natively; a checkpoint's bf16 is
         # several times slower on CPUs without bf16 units (21-26 vs 55 tokens/s measured)
         self.dtype = resolve_dtype(cfg.dtype)
-        self.net = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch,
-                                                                                 self.dtype))
+        net = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, self.dtype))
         if torch.cuda.is_available():
-            self.net.to("cuda")
-        self.net.eval()
+            net.to("cuda")
+        self._merged = Merged(net.eval())
+        self._seen: set[str] = set()  # adapters whose probe was scored
         self._keep = accepts_logits_to_keep(self.net)
-        self._adapters: dict[str, str] = {}
         self._pad = self.tokenizer.pad_token_id
         if self._pad is None:
             self._pad = self.tokenizer.eos_token_id
         self.share_prompts = True  # a chunk's common prompt prefix prefilled once
 
     def _use_adapter(self, adapter: str | None):
-        """Return a context in which the network runs with `adapter` (or the base model)."""
-        if adapter is None:
-            if self._adapters:
-                return self.net.disable_adapter()
-            return contextlib.nullcontext()
-        from peft import PeftModel
-
-        path = str(Path(adapter).resolve())
-        if path not in self._adapters:
-            if not (Path(path) / "adapter_config.json").exists():
-                raise RlanyError("not a LoRA adapter directory (no adapter_config.json)",
-                                 where=adapter)
-            name = f"a{len(self._adapters)}"
-            if not self._adapters:
-                self.net = PeftModel.from_pretrained(self.net, path, adapter_name=name)
-            else:
-                self.net.load_adapter(path, adapter_name=name)
-            self.net.eval()
-            self._adapters[path] = name
-            self.net.set_adapter(name)
+        """Return a context in which the network runs with `adapter` (or the base model):
+        the adapter merged into the weights (`rlany.engines.hf_merge`), checked by its probe
+        the first time it is merged."""
+        path = None if adapter is None else str(Path(adapter).resolve())
+        self._merged.use(path)
+        if path is not None and path not in self._seen:
+            self._seen.add(path)
             self.probes.loaded(adapter, path, lambda probe: forward_logprobs(
                 self.net, probe["prompt_ids"], probe["response_ids"]))
-        self.probes.require(path)
-        self.net.set_adapter(self._adapters[path])
+        if path is not None:
+            self.probes.require(path)
         return contextlib.nullcontext()
+
+    @property
+    def net(self):
+        """The transformers model (an adapter may be merged into it: `_use_adapter`)."""
+        return self._merged.net
+
+    @net.setter
+    def net(self, value) -> None:
+        self._merged.net = value
+
+    def lend(self):
+        """The network with the base weights exactly, for a trainer to borrow; the next
+        generation with an adapter merges it again."""
+        return self._merged.restore()
 
     def generate(self, requests: Sequence[Request]) -> list[Result]:
         start = time.perf_counter()
@@ -154,11 +154,13 @@ class HfEngine:
             kwargs["prefix_allowed_tokens_fn"] = self._choice_fn(
                 [requests[i].sampling.choices for i in idx for _ in range(n)], width)
         with self._use_adapter(requests[idx[0]].adapter), torch.no_grad():
+            t0 = time.perf_counter()
             if share:  # the chunk's common prefix once, then each prompt's rest
                 kwargs["past_key_values"] = self._prefill(ids, mask, common, n)
             elif n > 1 and width > 1:
                 kwargs["past_key_values"] = self._prefill(ids, mask, 0, n)
-            kept = SampledLogprobs(_transformers_model(self.net))
+            self.stats.prefill_seconds += time.perf_counter() - t0
+            kept = SampledLogprobs(self.net)
             with kept if s.logprobs else contextlib.nullcontext():
                 out = self.net.generate(input_ids=ids.repeat_interleave(n, 0),
                                         attention_mask=mask.repeat_interleave(n, 0), **kwargs)
@@ -249,10 +251,12 @@ class HfEngine:
         s = requests[idx[0]].sampling
         rows = [(k, q) for k, choice_seqs in enumerate(seqs) for q in choice_seqs]
         with self._use_adapter(requests[idx[0]].adapter), torch.no_grad():
+            t0 = time.perf_counter()  # prompt passes only: prefill
             if self._keep and shareable(self.net):  # one pass, shared prefixes once
                 logits = self._tree_logits(prompts, rows)
             else:
                 logits = self._padded_logits(prompts, rows)
+            self.stats.prefill_seconds += time.perf_counter() - t0
         torch.manual_seed(s.seed if s.seed is not None else self.seed + self.stats.calls)
         start = 0
         for k, i in enumerate(idx):
@@ -382,12 +386,8 @@ class HfEngine:
         return allowed
 
     def close(self) -> None:
-        del self.net
-
-
-def _transformers_model(net):
-    """The model whose forward `generate` runs (under a PEFT wrapper, its base model)."""
-    return net.get_base_model() if hasattr(net, "get_base_model") else net
+        self._merged.restore()
+        self._merged.net = None
 
 
 def _group_key(r: Request) -> tuple:

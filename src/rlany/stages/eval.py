@@ -266,6 +266,7 @@ def run(opts: EvalOptions, engine=None) -> dict:
     budget = ErrorBudget(opts.max_error_share, expected=len(tasks) * opts.n,
                          first_batch=min(opts.batch_tasks, len(tasks)),
                          env_of={t.task_id: t.env for t in tasks})
+    mark = engine.stats.mark()
     groups = list(watched(rollout(tasks, engine, envs.make_env, ropts, policy), budget))
     if opts.trajectories:  # every episode, the errored ones as they ended
         with AtomicJsonl(opts.trajectories) as out:
@@ -277,7 +278,7 @@ def run(opts: EvalOptions, engine=None) -> dict:
                       "verdict": jopts.verdict}
         sums.update(_judge_sums(groups, engine, opts.batch_tasks, jopts))
     summary = summary_of(policy, per_task, sums, list(opts.k), judge_info)
-    summary.update(adapter_checks(engine))
+    summary.update(adapter_checks(engine), **engine.stats.since(mark))
     summary["wall_time_s"] = round(time.time() - started, 3)
     flags = engine_flags(opts, engine)
     if shard:  # what `--join` needs: which shard of what, and the counts to add up

@@ -247,7 +247,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
         if out.done:
             info(f"judge: resuming, {len(out.done)} tasks already judged")
-        tokens0, secs0 = engine.stats.completion_tokens, engine.stats.seconds
+        mark = engine.stats.mark()
         try:
             tally = _judge_into(out, reader, engine, opts, set(keep) if shard else None,
                                 replayed(list(sizes), list(sizes.values()),
@@ -255,8 +255,8 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
         finally:
             out.close()
         out.finish()
-        counts = {**_judge_counts(tally.verdicts, tally.tests, out.count, engine, tokens0,
-                                  secs0), "skipped": tally.skipped,
+        counts = {**_judge_counts(tally.verdicts, tally.tests, out.count, engine, mark),
+                  "skipped": tally.skipped,
                   # balanced accuracy against the env's step labels, on the steps judged here
                   "label_accuracy": balanced_accuracy(tally.by_label),
                   "labelled_verdicts": tally.by_label[1][0] + tally.by_label[-1][0],
@@ -368,7 +368,7 @@ def _summary_line(counts: dict, tally: _Tally, output: str, started: float) -> s
 
 
 def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: int, engine,
-                  tokens0: int, secs0: float) -> dict:
+                  mark: tuple) -> dict:
     from rlany.stageio import adapter_checks
 
     total = sum(verdicts.values())
@@ -377,8 +377,7 @@ def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: in
             "negative": verdicts[-1], "unparseable": verdicts[0],
             "parse_fail_rate": verdicts[0] / total if total else 0.0,
             "positive_share": verdicts[1] / readable if readable else None,
-            "completion_tokens": engine.stats.completion_tokens - tokens0,
-            "generate_seconds": round(engine.stats.seconds - secs0, 3), **tests,
+            **engine.stats.since(mark), **tests,
             **adapter_checks(engine)}
 
 

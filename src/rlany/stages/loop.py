@@ -49,6 +49,7 @@ import dataclasses
 import json
 import shlex
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class Loop:
         self.dir = cfg.run_dir
         self.config_path = config_path
         self._engine = None
+        self._engine_start: float | None = None  # seconds, until an iteration records it
         self._stopped: int | None = None  # the iteration `stop_after` stopped at
 
     def engine(self):
@@ -94,7 +96,9 @@ class Loop:
             from rlany.stageio import start_engine
 
             info("loop: one engine for all stages")
+            t0 = time.perf_counter()
             self._engine = start_engine(self.cfg.options("rollout", input="-"))
+            self._engine_start = round(time.perf_counter() - t0, 1)
         return self._engine
 
     def run(self) -> str | None:
@@ -363,6 +367,8 @@ class Loop:
         from rlany.stages.loop_metrics import collect_metrics
 
         metrics = {"iteration": it, **collect_metrics(d)}
+        if self._engine_start is not None:  # this process started its engine in this iteration
+            metrics["seconds"]["engine_start"], self._engine_start = self._engine_start, None
         write_text_atomic(d / "done.json", json.dumps(metrics, indent=2, allow_nan=False) + "\n")
         self._prune(it)
         self._write_metrics()

@@ -36,8 +36,14 @@ def collect_metrics(d: Path) -> dict:
                      "train_rm": ckpt("rm").get("seconds"),
                      "adapt": seconds("next_tasks.meta.json"),
                      "eval": seconds("eval.meta.json")}
+    generating = [meta("trajectories.meta.json"), meta("judgments.meta.json"), evaluation]
+    generate = sum(c.get("generate_seconds") or 0.0 for c in generating)
+    prefill = sum(c.get("prefill_seconds") or 0.0 for c in generating)
     return {
         "seconds": {k: round(v, 1) for k, v in stage_seconds.items() if v is not None},
+        # where the generating stages' seconds went (prefill: the hf engine's prompt passes)
+        "generation_seconds": {"prefill": round(prefill, 1),
+                               "decode": round(generate - prefill, 1)},
         "train_acc": score.get("mean_acc"),
         "policy_samples": score.get("policy_samples"),
         "rm_samples": score.get("rm_samples"),

@@ -190,9 +190,13 @@ def _fmt(v) -> str:
 
 
 def iteration_table(run: dict) -> str:
+    """One row per iteration; only the columns this run has (a policy-only run has no
+    judge or task columns)."""
     cols = ["iteration", "train_acc", "eval_success", "eval_judge_step_accuracy",
             "judge_parse_fail_rate", "judge_outcome_agreement", "policy_samples",
             "rm_samples", "accepted_tasks", "new_candidates"]
+    cols = [c for c in cols if c == "iteration" or any(r.get(c) is not None
+                                                       for r in run["rows"])]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in run["rows"]:
         lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
@@ -257,6 +261,8 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
         line = gain_line(run)
         md += [line, ""] if line else []
         md += [iteration_table(run), ""]
+        if table := time_table(run):
+            md += ["Seconds per iteration:", "", table, ""]
         if table := env_table(run):
             md += ["The environment loop:", "", table, ""]
         if run["base"]:
@@ -268,19 +274,57 @@ def write_report(run_dirs: list[str], out: Path) -> list[Path]:
     return written
 
 
+TIME_PARTS = ("engine start", "prefill", "decode", "training", "other")
+
+
+def time_split(row: dict) -> dict[str, float] | None:
+    """Where an iteration's seconds went: the engine's start (in the iteration that started
+    it), generation's prompt passes (prefill) and the rest of generation (decode), the two
+    trainers, and everything else (env steps, scoring, files). None for a run written
+    before generation was split."""
+    gen, seconds = row.get("generation_seconds"), row.get("seconds", {})
+    if not isinstance(gen, dict):
+        return None
+    start = seconds.get("engine_start", 0.0)
+    parts = {"engine start": start, "prefill": gen.get("prefill") or 0.0,
+             "decode": gen.get("decode") or 0.0,
+             "training": (seconds.get("train_policy") or 0.0) + (seconds.get("train_rm") or 0.0)}
+    total = sum(seconds.values())
+    parts["other"] = max(0.0, total - sum(parts.values()))
+    return parts
+
+
+def time_table(run: dict) -> str | None:
+    splits = [time_split(r) for r in run["rows"]]
+    if not splits or not all(splits):
+        return None
+    lines = ["| iteration | " + " | ".join(TIME_PARTS) + " |", "|" + "---|" * (len(TIME_PARTS) + 1)]
+    for r, split in zip(run["rows"], splits):
+        lines.append(f"| {r['iteration']} | " + " | ".join(f"{split[p]:.1f}" for p in TIME_PARTS)
+                     + " |")
+    return "\n".join(lines)
+
+
 def _stage_times(runs: list[dict], out: Path, plt) -> Path | None:
+    """The first run's seconds per iteration, stacked: split as `time_split` says, or by
+    stage for a run written before generation was split."""
     run = runs[0]
-    stages = sorted({s for r in run["rows"] for s in r.get("seconds", {})})
-    if not stages:
+    splits = [time_split(r) for r in run["rows"]]
+    if all(splits) and splits:
+        parts, value = TIME_PARTS, lambda i, part: splits[i][part]
+    else:
+        parts = sorted({s for r in run["rows"] for s in r.get("seconds", {})})
+        value = lambda i, part: run["rows"][i].get("seconds", {}).get(part, 0.0)  # noqa: E731
+    if not parts:
         return None
     fig, ax = plt.subplots(figsize=(5, 3.2))
     bottom = [0.0] * len(run["rows"])
     xs = [r["iteration"] for r in run["rows"]]
-    for stage in stages:
-        ys = [r.get("seconds", {}).get(stage, 0.0) for r in run["rows"]]
-        ax.bar(xs, ys, bottom=bottom, label=stage)
+    for part in parts:
+        ys = [value(i, part) for i in range(len(xs))]
+        ax.bar(xs, ys, bottom=bottom, label=part)
         bottom = [b + y for b, y in zip(bottom, ys)]
-    ax.set_title(f"seconds per stage ({run['name']})")
+    ax.set_title(f"seconds per iteration ({run['name']})")
     ax.set_xlabel("iteration")
     ax.set_xticks(xs)
     ax.legend(fontsize=7)

@@ -333,17 +333,17 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
         check=(lambda t: has_expert(t, opts.expert_p is not None)) if opts.expert else None)
     flags = engine_flags(opts, engine)
     stats = engine.stats
-    calls0, tokens0, secs0 = stats.calls, stats.completion_tokens, stats.seconds
+    mark = stats.mark()
     with output_lock(opts.output, seen=seen):
         out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})
         played = _play_into(out, tasks, engine, opts)
         out.finish()
-        tokens, seconds = stats.completion_tokens - tokens0, stats.seconds - secs0
+        used = stats.since(mark)
+        tokens, seconds = used["completion_tokens"], used["generate_seconds"]
         counts = {"tasks": len(tasks), "input_tasks": input_tasks, "trajectories": out.count,
                   "new_trajectories": played["total"], "errored": played["errored"],
                   "success_rate": played["successes"] / max(played["ran"], 1), "ran": played["ran"],
-                  "completion_tokens": tokens, "generate_calls": stats.calls - calls0,
-                  "generate_seconds": round(seconds, 3), **adapter_checks(engine), **in_shard}
+                  **used, **adapter_checks(engine), **in_shard}
         # under the lock: a writer waiting for it finds the output complete, sidecar too
         write_meta(opts.output, stage="rollout", flags=flags, inputs=[reader], counts=counts,
                    started=started, versions=GEN_VERSIONS)

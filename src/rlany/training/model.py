@@ -39,43 +39,35 @@ def train_only_trained(model) -> None:
 @contextmanager
 def borrowed_model(engine, adapter: str | None, opts: TrainFields):
     """The hf engine's own network as the trainer's model: the base weights in memory are
-    shared, never copied or merged into. A trainable LoRA adapter (TRAINED: `adapter`'s
-    weights, or a fresh one seeded as `load_model` seeds it) is added beside the adapters
-    the engine serves, only its tensors train, and it is removed afterwards (the checkpoint
-    on disk is what the engine loads next). Yields (model, tokenizer)."""
+    shared, never copied. The engine hands it over with its base weights exactly (an
+    adapter it generated with is merged into them: `HfEngine.lend` takes it out); a
+    trainable LoRA adapter (TRAINED: `adapter`'s weights, or a fresh one seeded as
+    `load_model` seeds it) is added, only its tensors train, and PEFT's layers are taken out
+    afterwards (the checkpoint on disk is what the engine merges next). The network goes
+    back in eval mode with no tensor requiring gradients. Yields (model, tokenizer)."""
     import torch
     from peft import PeftModel, get_peft_model
 
     from rlany.compat import enable_cpu_masked_gqa
+    from rlany.engines.hf_merge import drop_peft_marks
     enable_cpu_masked_gqa()
 
-    net = engine.net
-    serving = isinstance(net, PeftModel)  # the engine already holds adapters
-    if not adapter:
-        torch.manual_seed(opts.seed)
-    if serving:
-        if adapter:
-            net.load_adapter(adapter, adapter_name=TRAINED, is_trainable=True)
-        else:
-            net.add_adapter(TRAINED, lora_config(opts, net))
-        net.set_adapter(TRAINED)
-        model = net
-    elif adapter:
+    net = engine.lend()
+    if adapter:
         model = PeftModel.from_pretrained(net, adapter, adapter_name=TRAINED, is_trainable=True)
     else:
+        torch.manual_seed(opts.seed)
         model = get_peft_model(net, lora_config(opts, net), adapter_name=TRAINED)
     train_only_trained(model)
     try:
         yield model, engine.tokenizer
     finally:
-        if serving:
-            net.set_adapter(next(a for a in net.peft_config if a != TRAINED))
-            net.delete_adapter(TRAINED)
-        else:  # the LoRA layers out again, the base untouched
-            engine.net = model.unload()
+        engine.net = model.unload()  # the LoRA layers out again, the base untouched
+        drop_peft_marks(engine.net)
         engine.net.eval()
         for p in engine.net.parameters():
             p.requires_grad_(False)
+            p.grad = None
 
 
 def master_fp32(opts: TrainFields) -> bool:

@@ -202,7 +202,8 @@ def train(samples: list[Sample], model, tokenizer, opts: TrainFields, output: Pa
         summary["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(acc.device)
                                                / 2**30, 2)
     _save(acc, model, tokenizer, output, partial,
-          {**meta, "metrics": summary, "options": asdict(opts)})
+          {**meta, "metrics": summary, "options": asdict(opts)},
+          [(s.prompt_ids, s.response_ids) for s in samples[:64]])
     acc.wait_for_everyone()
     return summary
 
@@ -297,9 +298,11 @@ def _check_finite(numbers: dict, step: int, output: Path) -> None:
                          "no checkpoint was written")
 
 
-def _save(acc, model, tokenizer, output: Path, partial: Path, meta: dict) -> None:
+def _save(acc, model, tokenizer, output: Path, partial: Path, meta: dict,
+          probes: list) -> None:
     """The checkpoint: every process gathers the weights (FSDP and ZeRO-3 shard them), the
-    main process writes them with `meta` and the probe record and drops the partial state."""
+    main process writes them with `meta` and the probe record (chosen among `probes`,
+    training samples' (prompt ids, response ids)) and drops the partial state."""
     weights = acc.get_state_dict(model)
     if acc.is_main_process:
         from rlany.probe import record
@@ -307,7 +310,7 @@ def _save(acc, model, tokenizer, output: Path, partial: Path, meta: dict) -> Non
 
         final = acc.unwrap_model(model)
         state.save_final(final, weights, tokenizer, output,
-                         {**meta, "probe": record(final, tokenizer)})
+                         {**meta, "probe": record(final, tokenizer, probes)})
         shutil.rmtree(partial, ignore_errors=True)
 
 
