@@ -52,7 +52,7 @@ class HfEngine:
         set_torch_threads()
         self.model = cfg.model
         self.stats = EngineStats()
-        self.probes = Verifier()  # rlany.probe: each adapter checked when loaded
+        self.probes = Verifier(cfg.allow_unverified_adapter)  # each adapter checked on load
         self.batch_size = cfg.batch_size
         self.seed = cfg.seed
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
