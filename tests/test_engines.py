@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from rlany.chat import render
@@ -106,6 +108,7 @@ def test_hf_prompts_sharing_a_prefix_prefill_it_once_with_the_same_samples(hf):
     calls = []
     real = hf.net.forward
 
+    @functools.wraps(real)  # generate reads forward's signature (which inputs it takes)
     def spy(*a, **kw):  # the widths the network runs
         calls.append(tuple((kw.get("input_ids") if "input_ids" in kw else a[0]).shape))
         return real(*a, **kw)
