@@ -175,3 +175,45 @@ def test_a_warm_run_whose_config_writes_the_lr_it_trained_at_resumes(work, cli):
     assert same.returncode == 0, same.stderr
     other = cli("loop", str(config), "--print-plan", "--set", "train_policy.lr=3e-4")
     assert "train_policy.lr was absent" in one_line(other, 1)
+
+
+def test_a_task_servers_env_name_and_its_splits_are_read_as_data(tmp_path):
+    """openenv's Task API read by `read_split`: an env name with a space (or a '/') is one
+    path segment, and an answer to /splits that is not a list is one line, not a crash."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from rlany.envs.openenv_tasks import read_split
+    from rlany.errors import RlanyError
+
+    answers = {"/list_environments": ["my env/2"], "/my%20env%2F2/splits": {"not": "a list"},
+               "/my%20env%2F2/num_tasks": {"num_tasks": 1},
+               "/my%20env%2F2/task_range": {"tasks": [{"id": 1}]}}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _answer(self):
+            if self.command == "POST":
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps(answers.get(self.path, {"detail": "not found"})).encode()
+            self.send_response(200 if self.path in answers else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(RlanyError, match="not a list of splits"):
+            read_split(url, "train", 1, 5.0)
+        answers["/my%20env%2F2/splits"] = ["train"]
+        assert read_split(url, "train", 1, 5.0) == [{"id": 1}]
+    finally:
+        server.shutdown()

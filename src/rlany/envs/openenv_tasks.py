@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from urllib.parse import quote
 
 from rlany.envs import openenv_wire as wire
 from rlany.errors import RlanyError
@@ -139,9 +140,12 @@ def read_split(url: str, name: str, n: int, timeout_s: float) -> list:
     if not (isinstance(envs, list) and envs and isinstance(envs[0], str)):
         raise RlanyError(f"openenv tasks: the server at {base} answered /list_environments "
                          f"with {str(envs)[:80]!r}, not a list of names")
-    env = envs[0]
+    env = quote(envs[0], safe="")  # a path segment, whatever the name holds (a space, '/')
     splits = wire.http_json(url, f"/{env}/splits", timeout_s)
-    names = [s.get("name") if isinstance(s, dict) else s for s in splits or []]
+    if not isinstance(splits, list):
+        raise RlanyError(f"openenv tasks: the server at {base} answered /{env}/splits with "
+                         f"{str(splits)[:80]!r}, not a list of splits")
+    names = [s.get("name") if isinstance(s, dict) else s for s in splits]
     if name not in names:
         raise RlanyError(f"openenv tasks: the server at {base} has no split {name!r} (its "
                          f"splits: {', '.join(map(str, names)) or 'none'})")
