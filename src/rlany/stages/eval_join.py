@@ -16,12 +16,15 @@ from dataclasses import fields
 from rlany.errors import RlanyError, UsageError
 from rlany.stages.eval import EvalOptions, _write, summary_of
 
+GENERATION = ("completion_tokens", "generate_calls", "generate_seconds", "prefill_seconds")
+
 
 def join(opts: EvalOptions) -> dict:
     """`--join`: the unsharded summary from the shards' summaries (`rlany.shards`): their
     task rows in shard order and their counts added up, through `summary_of`; adapter checks
-    are every shard's, wall_time_s the slowest shard's; the sidecar's first input is the
-    tasks file the shards ran (an unsharded eval's only one)."""
+    are every shard's, the generation counts their sums, wall_time_s the slowest shard's;
+    the sidecar's first input is the tasks file the shards ran (an unsharded eval's only
+    one)."""
     from rlany import shards
     from rlany.options import flag
     from rlany.provenance import sha256_file
@@ -43,6 +46,9 @@ def join(opts: EvalOptions) -> dict:
                              _added([p["sums"] for p in parts]), ks, first.get("judge"))
         checks = [c for p in parts for c in p.get("adapter_checks", [])]
         summary.update({"adapter_checks": checks} if checks else {})
+        for key in GENERATION:  # the shards' generation added up (seconds: of every process)
+            if all(key in p for p in parts):
+                summary[key] = round(sum(p[key] for p in parts), 3)
         summary["wall_time_s"] = max(float(p["wall_time_s"]) for p in parts)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RlanyError(f"a shard's summary is damaged ({type(e).__name__}: {e})",

@@ -39,8 +39,10 @@ def check_world() -> int:
     if asked is None:
         return 1
     from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
 
-    world = PartialState().num_processes
+    # as Accelerator() will: ACCELERATE_USE_CPU makes torchrun's processes one gloo group
+    world = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")).num_processes
     if world != asked[0]:
         raise RlanyError(
             f"this trainer's processes form a group of {world}, but {asked[1]} asked for "
