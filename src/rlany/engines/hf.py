@@ -75,12 +75,13 @@ class HfEngine:
         the adapter merged into the weights (`rlany.engines.hf_merge`), checked by its probe
         the first time it is merged."""
         path = None if adapter is None else str(Path(adapter).resolve())
+        if path in self._seen:
+            self.probes.require(path)  # a refused adapter is not merged again
         self._merged.use(path)
         if path is not None and path not in self._seen:
             self._seen.add(path)
             self.probes.loaded(adapter, path, lambda probe: forward_logprobs(
                 self.net, probe["prompt_ids"], probe["response_ids"]))
-        if path is not None:
             self.probes.require(path)
         return contextlib.nullcontext()
 
