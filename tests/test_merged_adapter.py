@@ -155,3 +155,25 @@ def test_the_probe_is_a_training_sample_and_a_wrong_adapter_fails_the_stage(tiny
     r = run_cli(*args, "-o", str(tmp_path / "bad.jsonl"), "--adapter", str(zeroed))
     assert "did not reach the engine" in one_line(r, 1)
     assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_an_adapter_with_whole_modules_is_refused_and_the_base_kept(tiny_model, tmp_path):
+    """modules_to_save (a whole module trained, e.g. the LM head) cannot be merged and then
+    restored by copying the adapted layers back: refused in one error, the base untouched,
+    the engine still serving."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlany.errors import RlanyError
+
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(
+        r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])).save_pretrained(
+        tmp_path / "a")
+    engine = _engine(tiny_model)
+    base = _snapshot(engine.net)
+    with pytest.raises(RlanyError, match="modules_to_save"):
+        _ask(engine, str(tmp_path / "a"), Sampling(max_tokens=3, temperature=0.0))
+    assert set(engine.net.state_dict()) == set(base)
+    assert all(torch.equal(v, base[k]) for k, v in engine.net.state_dict().items())
+    assert _ask(engine, None, Sampling(max_tokens=3, temperature=0.0))

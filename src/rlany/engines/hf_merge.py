@@ -62,6 +62,11 @@ class Merged:
         if not (Path(path) / "adapter_config.json").exists():
             raise RlanyError("not a LoRA adapter directory (no adapter_config.json)", where=path)
         wrapped = PeftModel.from_pretrained(self.net, path, adapter_name=MERGING)
+        if getattr(wrapped.peft_config[MERGING], "modules_to_save", None):
+            self.net = wrapped.unload()  # whole modules replaced: restore could not undo it
+            drop_peft_marks(self.net)
+            raise RlanyError("an adapter with modules_to_save (whole modules trained) cannot "
+                             "be merged and restored by the hf engine", where=path)
         with torch.no_grad():
             for layer in wrapped.modules():
                 if isinstance(layer, LoraLayer):
