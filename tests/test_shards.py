@@ -205,6 +205,24 @@ def test_eval_shards_join_to_the_unsharded_summary(files):
     assert json.loads(out)["per_task"] == whole["per_task"]
 
 
+def test_joined_adapter_checks_are_the_unsharded_served_runs():
+    """Shards each sending to an endpoint of its own check each adapter there; joined, the
+    checks are those of one run on all the endpoints (rlany.engines.endpoints): each naming
+    its endpoint, adapter by adapter, each on the endpoints in order. One endpoint shared
+    by every shard (a router): the checks as the shards wrote them."""
+    from rlany.stages.eval_join import joined_checks
+
+    def check(adapter):
+        return {"adapter": adapter, "to_trained": 0.001, "status": "ok"}
+
+    urls = ["http://a:1/v1", "http://b:2/v1"]
+    parts = [[check("policy"), check("rm")], [check("policy"), check("rm")]]
+    assert joined_checks(parts, urls) == [
+        {**check(x), "endpoint": url} for x in ("policy", "rm") for url in urls]
+    assert joined_checks(parts, [urls[0]] * 2) == [*parts[0], *parts[1]]
+    assert joined_checks(parts, [None, None]) == [*parts[0], *parts[1]]
+
+
 def test_eval_join_refuses_shards_that_do_not_make_one_run(files):
     d = Path(files["dir"])
     args = ["--engine", "fake", "--model", files["fake"], "--n", "2"]

@@ -219,6 +219,8 @@ class OpenAIEngine:
                 "guided_choice" else {"guided_choice": list(s.choices)}
             result = self._parse(self._chat({**body, **guided}),
                                  s.logprobs, s.n)
+            for c in result.completions:
+                self._unecho(c, s.choices)
             if all(c.text in s.choices for c in result.completions):
                 self._choice_key = key
                 return result
@@ -231,6 +233,19 @@ class OpenAIEngine:
         raise RlanyError("the server ignored the guided choice (neither structured_outputs "
                          "nor guided_choice constrained its answer)", where=self.base_url,
                          hint="serve with vLLM, or run without constrained decoding")
+
+    def _unecho(self, c: Completion, choices: tuple[str, ...]) -> None:
+        """A constrained answer whose text is more than a choice but ends in one, from a
+        server that returned its sampled ids: its text becomes those ids' (without the EOS
+        that ended it). vLLM 0.32 answers a continued message whose text ends in U+FFFD (a
+        judge's reasoning cut inside a character) with the whole prompt's text before the
+        new tokens: the tokenizers DecodeStream it primes with the prompt takes that last
+        character for an unfinished one. The ids are right."""
+        if c.text in choices or not any(c.text.endswith(x) for x in choices) \
+                or not self._ids_seen or self._ids_missing:
+            return
+        ended = c.finish_reason == "stop" and c.stop_reason is None and c.token_ids
+        c.text = self.decode(c.token_ids[:-1] if ended else c.token_ids)
 
     def _parse(self, out: dict, want_logprobs: bool, n: int) -> Result:
         """The server's chat completion as a Result: `n` choices, each with a message (or a

@@ -44,7 +44,8 @@ def join(opts: EvalOptions) -> dict:
     try:
         summary = summary_of(first["policy"], [row for p in parts for row in p["per_task"]],
                              _added([p["sums"] for p in parts]), ks, first.get("judge"))
-        checks = [c for p in parts for c in p.get("adapter_checks", [])]
+        urls = [p["shard"].get("base_url") for p in parts]
+        checks = joined_checks([p.get("adapter_checks", []) for p in parts], urls)
         summary.update({"adapter_checks": checks} if checks else {})
         for key in GENERATION:  # the shards' generation added up (seconds: of every process)
             if all(key in p for p in parts):
@@ -55,7 +56,6 @@ def join(opts: EvalOptions) -> dict:
                          where=opts.join) from None
     flags = {**(first["shard"].get("flags") or {}), "shard": None, "trajectories": None,
              "output": opts.output, "join": opts.join}
-    urls = [p["shard"].get("base_url") for p in parts]
     if all(urls):  # each shard its own endpoint: together, the unsharded run's
         flags["base_url"] = ",".join(dict.fromkeys(urls))
     # the tasks the shards ran first, as an unsharded eval's sidecar has them (`report`
@@ -65,6 +65,21 @@ def join(opts: EvalOptions) -> dict:
     _write(summary, opts.output, ks, flags=flags, inputs=inputs, started=started,
            counts={"shards": len(parts)})
     return summary
+
+
+def joined_checks(checks: list[list[dict]], urls: list[str | None]) -> list[dict]:
+    """The shards' adapter checks (`checks[i]`: shard i's). Where each shard sent to an
+    endpoint of its own (`urls`), as the unsharded run on all of them records its checks
+    (`rlany.engines.endpoints`): each naming its endpoint, adapter by adapter in the order
+    first checked, each on the endpoints in order."""
+    if not all(urls) or len(set(urls)) != len(urls) or len(urls) < 2:
+        return [c for part in checks for c in part]
+    tagged = [{**c, "endpoint": c.get("endpoint", url)} for part, url in zip(checks, urls)
+              for c in part]
+    first: dict = {}
+    for c in tagged:
+        first.setdefault(c.get("adapter"), len(first))
+    return sorted(tagged, key=lambda c: first[c.get("adapter")])  # stable: shard order
 
 
 def _added(sums: list[dict]) -> dict:

@@ -47,6 +47,9 @@ from rlany.stages.loop_shards import SHARDED, shard_paths
 q = shlex.quote
 KINDS = {"train_policy": "policy", "train_rm": "rm"}  # a trainer's table -> latest() kind
 LOCAL = ("localhost", "127.0.0.1", "::1", "0.0.0.0")  # this host, however a URL spells it
+# the only values vLLM's --max-lora-rank takes (vllm.config.lora.MaxLoRARanks, 0.32); a
+# server pads every adapter to it, so the plan serves the smallest one that holds the rank
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def loop_command(config: str, overrides: dict[str, Any], sets: list[str]) -> list[str]:
@@ -278,7 +281,9 @@ class Plan:
             bind = host if host in ("127.0.0.1", "::1") else \
                 "127.0.0.1" if host == "localhost" else "0.0.0.0"
             argv = [*serve, "--host", bind, "--port", str(port), "--seed", str(opts.seed),
-                    "--enable-lora", "--max-lora-rank", str(opts.max_lora_rank),
+                    "--enable-lora", "--max-lora-rank", str(next(
+                        (r for r in VLLM_LORA_RANKS if r >= opts.max_lora_rank),
+                        opts.max_lora_rank)),
                     "--max-loras", "2",
                     *(["--max-model-len", str(opts.max_model_len)] if opts.max_model_len
                       else []),
