@@ -85,7 +85,7 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks research
 
 golden: install
-	$(PY) stages/golden.py
+	$(PY) tests/golden.py
 
 # docs/cli.md: every command's --help (tests/test_cli_docs.py fails when it is stale)
 docs: install

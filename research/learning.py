@@ -39,7 +39,7 @@ With --warm-start every run starts from a warm start (rows "ARM [warm]"), the lo
 prompts its rollout gives the policy (`rlany rollout --expert`), and `rlany sft` on them with
 the policy's LoRA shape (RUN/warm_start/). Such a row adds the warm start's own held-out
 success (eval_init.json) and RL's gain over it. With --judge-warm-start the judge starts
-from a supervised one (rows "ARM [judge-warm]"): stages/loop/README.md's recipe of public
+from a supervised one (rows "ARM [judge-warm]"): docs/stages/loop.md's recipe of public
 commands into RUN/judge_warm_start/ (`judge_warm_start`, --judge-sft its train-rm
 settings), then the loop with `init_rm` on its adapter; its held-out step accuracy is
 judge_heldout.py's "warm" judge. `judge_gain` counts only the +rm arm, untagged or else
@@ -80,7 +80,7 @@ from learning_summary import (  # noqa: E402
     with_recorded,
 )
 
-# The supervised judge (stages/loop/README.md, "A supervised judge"): what each of its four
+# The supervised judge (docs/stages/loop.md, "A supervised judge"): what each of its four
 # public commands sets beyond the loop config's table for that stage, so its prompts and
 # LoRA shape are those the loop's judge has
 JUDGE_RECIPE = {
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "held-out success")
     parser.add_argument("--judge-warm-start", action="store_true",
                         help="start every run's judge from a supervised one (tag "
-                        "'judge-warm' unless --tag): stages/loop/README.md's recipe (the "
+                        "'judge-warm' unless --tag): docs/stages/loop.md's recipe (the "
                         "env's step labels on expert/random play of the pool, train-rm "
                         "--objective logloss) into RUN/judge_warm_start/, then the loop "
                         "with init_rm on it. Not label-free: its rows are apart from "

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "stages"))
-import golden  # noqa: E402
+import golden
 
 
 @pytest.mark.parametrize("stage", sorted(golden.GOLDEN))

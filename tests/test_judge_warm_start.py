@@ -1,4 +1,4 @@
-"""The judge warm start, a recipe of public stages (stages/loop/README.md, "A supervised
+"""The judge warm start, a recipe of public stages (docs/stages/loop.md, "A supervised
 judge"): expert/random play with both step labels (`rollout --expert-p`), the env's labels
 as the judge's verdicts (`judge --labels`), `score --rm-target label`, `train-rm --objective
 logloss`; and a loop whose judge starts from that adapter (`init_rm`)."""
@@ -111,12 +111,12 @@ def test_judge_labels_writes_the_env_labels_as_verdicts(tmp_path, cli):
 
 
 def recipe() -> list[list[str]]:
-    """The recipe's command lines, read from stages/loop/README.md between its
+    """The recipe's command lines, read from docs/stages/loop.md between its
     `<!-- judge-recipe:begin -->` and `<!-- judge-recipe:end -->` markers."""
-    text = (ROOT / "stages" / "loop" / "README.md").read_text()
+    text = (ROOT / "docs" / "stages" / "loop.md").read_text()
     block = re.search(r"<!-- judge-recipe:begin -->\n```bash\n(.*?)```\n"
                       r"<!-- judge-recipe:end -->", text, re.S)
-    assert block, "stages/loop/README.md has no judge-recipe block"
+    assert block, "docs/stages/loop.md has no judge-recipe block"
     lines = block.group(1).replace("\\\n", " ").splitlines()
     return [words for line in lines if (words := shlex.split(line, comments=True))]
 
@@ -233,7 +233,7 @@ def test_init_rm_and_the_retired_keys_are_checked_at_load(tmp_path, tiny_model):
     Path(config).write_text(old)
     with pytest.raises(RlanyError, match="'judge_warm_start' is no longer a loop key") as e:
         load_config(config)
-    assert "init_rm" in e.value.hint and "stages/loop/README.md" in e.value.hint
+    assert "init_rm" in e.value.hint and "docs/stages/loop.md" in e.value.hint
     # an older example's [judge_sft] beside no warm start: it did nothing; remove it
     inert = Path(_config(tmp_path, tiny_model))
     inert.write_text(inert.read_text() + "\n[judge_sft]\nlr = 1e-3\n")

@@ -75,8 +75,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _readme_launch_tables() -> list[str]:
-    """The `[launch]` tables of stages/loop/README.md's recipes (its toml blocks)."""
-    text = (ROOT / "stages" / "loop" / "README.md").read_text()
+    """The `[launch]` tables of docs/stages/loop.md's recipes (its toml blocks)."""
+    text = (ROOT / "docs" / "stages" / "loop.md").read_text()
     blocks = [b.split("```", 1)[0] for b in text.split("```toml\n")[1:]]
     return [b.split("[launch]\n", 1)[1] for b in blocks if "[launch]\n" in b]
 

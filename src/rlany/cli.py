@@ -87,7 +87,7 @@ def loop_cmd(
         "--print-plan", help="A dry run: print what is left of the next iteration as a "
         "bash script on stdout (its commands as the loop would run them, with [launch]'s "
         "shards, servers and training launcher), and exit. Runs nothing, writes nothing; "
-        "the script, run as it is, does the iteration (stages/loop/README.md).")] = False,
+        "the script, run as it is, does the iteration (docs/stages/loop.md).")] = False,
 ) -> None:
     """Run the closed loop: rollout -> judge -> score -> train-policy -> train-rm ->
     adapt-tasks (+ eval), one directory per iteration under runs/NAME/. Rerunning the same

@@ -1,6 +1,6 @@
 """The record contract: plain frozen dataclasses whose field names are the JSON keys.
 
-Every record that crosses a stage boundary is defined here; `stages/*/README.md` documents
+Every record that crosses a stage boundary is defined here; `docs/stages/*.md` documents
 them for people. Rules (DESIGN §2):
 
 * unknown top-level columns ride along untouched in `extra` and are written back out;

@@ -8,7 +8,7 @@ and stay loaded (new checkpoints get new ids, so a running engine picks up new a
 Requests whose messages carry images (GUI observations) go through `LLM.chat`, which
 renders them with the model's processor and loads the local files; this needs a
 multimodal model and was not run here (no multimodal model offline): see
-stages/rollout/README.md.
+docs/stages/rollout.md.
 
 A request's `continuation` ids follow its rendered prompt (image requests continue the
 assistant message by text, `continue_final_message`). `Sampling.choices` is vLLM's

@@ -17,7 +17,7 @@ sft/ (`rlany sft` on them, `[sft]` settings, `[train_policy]`'s LoRA shape). A s
 in the same runs directory that made the identical warm start (and its evaluation) lends
 its copy instead (`rlany.stages.warm_reuse`, as `eval_reuse` does for the base evaluation).
 `init_rm` (a judge adapter such as `rlany train-rm`'s) is the judge's start: iteration 0
-judges with it, train-rm continues it (stages/loop/README.md's supervised judge makes one).
+judges with it, train-rm continues it (docs/stages/loop.md's supervised judge makes one).
 
 The config is flat: top-level keys (the run: name, tasks, model, engine, seed, ...) and one
 table per stage whose keys are that stage's flags, e.g. `[rollout] max_tokens = 96` is
@@ -369,7 +369,7 @@ class Loop:
     @property
     def init_rm(self) -> str | None:
         """The judge adapter iteration 0 starts from: init_rm (e.g. the supervised judge of
-        stages/loop/README.md's recipe), or None (the base model)."""
+        docs/stages/loop.md's recipe), or None (the base model)."""
         return self.cfg.init_rm
 
     def _finish_iteration(self, d: Path, it: int) -> None:

@@ -31,7 +31,7 @@ def _run_keys() -> dict[str, Any]:
 TABLES = BY_TABLE  # one config table per command: its flags
 # what an older config may hold that the loop no longer has, refused with what replaces it
 GONE = ("the judge warm start is a recipe of public stages now, ending in an adapter the "
-        "loop's judge starts from: init_rm = \"DIR/rm\" (stages/loop/README.md, \"A "
+        "loop's judge starts from: init_rm = \"DIR/rm\" (docs/stages/loop.md, \"A "
         "supervised judge\")")
 RETIRED = {"judge_warm_start": GONE, "judge_sft": GONE}
 

@@ -35,7 +35,7 @@ Reward model (consistency feedback):
     cheapest way to agree with R is to say -1 more often, whatever the step.
     `--rm-target label` (supervised, not the paper's label-free method) puts the env's step
     label L_it ∈ {-1, +1} (`info["label"]`) in place of R_it: a supervised judge
-    (stages/loop/README.md's warm start), or on the loop's steps a bound on what
+    (docs/stages/loop.md's warm start), or on the loop's steps a bound on what
     consistency feedback could teach the judge.
 
 Reward model in unit-tests mode (coding; judgments with mode "unit-tests"): the m samples
@@ -129,7 +129,7 @@ class ScoreOptions(StepCreditFields):
                          "exact objectives (rm_target). outcome: the trajectory's outcome O "
                          "(label-free, the sign of the paper's R where its sampled estimator "
                          "trains). label: train the judge on the env's step labels "
-                         "(supervised: the judge warm start of stages/loop/README.md; a step "
+                         "(supervised: the judge warm start of docs/stages/loop.md; a step "
                          "without a label is an error). integrated: R = O + lambda * mean(S), "
                          "which holds the judge's own verdicts (a judge saying +1 everywhere "
                          "gets R = 0 on failures, is never corrected and collapsed so: "

@@ -35,7 +35,7 @@ class TrainRmOptions(TrainOptions):
                          "sampled judge output (reasoning and verdict), weighted by its "
                          "consistency advantage (the reference implementation's estimator). "
                          "auto: logloss where the judge gave bare verdicts, else pg "
-                         "(stages/train-rm/README.md).",
+                         "(docs/stages/train-rm.md).",
                          choices=("auto", *VERDICT_OBJECTIVES, "pg"))
     balance: bool = opt(True, "expected / logloss: weigh the steps with R > 0 and those with "
                         "R < 0 equally in total, so a bias toward the common verdict cannot "

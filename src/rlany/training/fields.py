@@ -49,7 +49,7 @@ class TrainFields:
     lr: float = opt(3e-4, "AdamW learning rate. LoRA: 3e-4 (research/LOG.md, 2026-11-22: "
                     "2e-5 did not move SmolLM2-135M in 3 iterations, 3e-4 and 1e-3 did); "
                     "full fine-tuning wants ~1e-6. `rlany loop` from a warm start trains "
-                    "at 1e-4 where its config gives none (stages/loop/README.md).",
+                    "at 1e-4 where its config gives none (docs/stages/loop.md).",
                     min=0, min_exclusive=True)
     lr_schedule: str = opt("constant", "The learning rate over this run's optimizer steps: "
                            "constant, or decayed from --lr toward 0 by its last step (linear, "

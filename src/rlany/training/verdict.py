@@ -31,7 +31,7 @@ noisy label for a step (a good step in a failed episode has R < 0): for one roun
 the bounded `expected` loss measured the more robust under such noise
 (research/judge_capacity.py, held-out step accuracy from the outcome alone: 0.673 / 0.690
 at lr 3e-4 / 1e-3, against logloss's 0.593 / 0.703), but over the loop's rounds its fading
-gradient leaves a drifted verdict bias where it fell (stages/train-rm/README.md), hence
+gradient leaves a drifted verdict bias where it fell (docs/stages/train-rm.md), hence
 `train-rm --objective auto`'s choice, `logloss`.
 
 Against the sampled estimator both: (1) train only the one token the judge chose between

@@ -1,4 +1,5 @@
-"""Regenerate each stage's golden output from its golden input with the real CLI.
+"""Regenerate each stage's golden output (tests/golden/STAGE/) from its golden input with the
+real CLI.
 
 `make golden` runs this; `tests/test_golden.py` runs the same commands and compares bytes.
 Only data files are golden: the `.meta.json` sidecars hold times and versions.
@@ -12,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-STAGES = Path(__file__).parent
+STAGES = Path(__file__).parent / "golden"
 
 # stage folder (or a case's folder inside it) -> (CLI arguments with {dir} for the folder and {out} for a scratch folder,
 #                  golden output files produced in {out})
@@ -42,7 +43,7 @@ def main() -> None:
                 sys.exit(f"golden {stage}: {result.stderr.strip()}")
             for name in files:
                 shutil.copyfile(Path(tmp) / name, STAGES / stage / name)
-        print(f"golden: rewrote stages/{stage}/{', '.join(files)}")
+        print(f"golden: rewrote tests/golden/{stage}/{', '.join(files)}")
 
 
 if __name__ == "__main__":
