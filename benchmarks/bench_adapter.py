@@ -167,9 +167,9 @@ def main(argv=None) -> int:
     from rlany.engines import EngineConfig
     from rlany.engines.hf import HfEngine
     from rlany.engines.hf_merge import Merged
+    from rlany.files.records import Task, from_json
     from rlany.models import resolve_model
     from rlany.probe import forward_logprobs, probe_ids
-    from rlany.records import Task, from_json
 
     base = resolve_model("smollm2")
     dtype = resolve_dtype(args.dtype)

@@ -20,7 +20,7 @@ from common import save  # noqa: E402
 
 from rlany.envs import openenv_wire as wire  # noqa: E402
 from rlany.envs.openenv import OpenenvEnv  # noqa: E402
-from rlany.records import Task  # noqa: E402
+from rlany.files.records import Task  # noqa: E402
 
 SERVERS = Path(__file__).parent.parent / "tests" / "openenv_servers"
 VENV_PY = SERVERS / ".venv" / "bin" / "python"

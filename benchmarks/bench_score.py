@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import save  # noqa: E402
 
 from conftest import make_judgment, make_traj  # noqa: E402
-from rlany.jsonl import dumps  # noqa: E402
+from rlany.files.jsonl import dumps  # noqa: E402
 
 PEAK = ("import resource, sys, runpy; sys.argv = ['rlany'] + sys.argv[1:]\n"
         "try:\n    runpy.run_module('rlany', run_name='__main__')\n"

@@ -139,7 +139,7 @@ def ensure_venv(venv: Path) -> dict:
 def make_data(work: Path, prompts: int, digits: int) -> tuple[Path, Path]:
     """`prompts` sums: rlany's tasks.jsonl and the same first user messages for TRL."""
     from rlany.envs.reasoning import ReasoningEnv, make_tasks
-    from rlany.records import to_json
+    from rlany.files.records import to_json
 
     tasks = make_tasks(prompts, seed=0, digits=digits)
     (work / "tasks.jsonl").write_text("".join(json.dumps(to_json(t)) + "\n" for t in tasks))

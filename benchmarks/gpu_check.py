@@ -138,7 +138,7 @@ def scored_file(path: Path, n: int, prompt_words: int, response_words: int,
     `prompt_words` words (one token each in SmolLM2's tokenizer): the shape train-policy
     reads, without a rollout to make it. With `tokenizer`, each response carries its token
     ids and log-probs as an engine's would (PPO's pre-update pass is then not rerun)."""
-    from rlany.records import Scored, ScoredStep, to_json
+    from rlany.files.records import Scored, ScoredStep, to_json
     words = "the agent opens the drawer and takes the red apple to the table".split()
     if tokenizer:
         from transformers import AutoTokenizer
@@ -159,7 +159,7 @@ def scored_file(path: Path, n: int, prompt_words: int, response_words: int,
 
 
 def sidecar(path: Path) -> dict:  # the stage's `.meta.json`, {} where it wrote none
-    from rlany.provenance import sidecar as read
+    from rlany.files.provenance import sidecar as read
     return read(path) or {}
 
 

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import jsonlines
 
-    from rlany.records import Task, from_json, to_json
+    from rlany.files.records import Task, from_json, to_json
 
     pool = [from_json(Task, r) for r in jsonlines.open(POOL)]
     made = variants(pool)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 def train_file(rows: list[dict], target: str, path: Path) -> int:
     """Write the train rows' scored records (only those with a sampled step) to `path`,
     rm_target from `target` on the sampled steps; returns the steps with a target."""
-    from rlany.records import traj_id
+    from rlany.files.records import traj_id
 
     want = {r["at"]: float(r["label"] if target == "label" else r["outcome"]) for r in rows}
     by_dir: dict[str, set] = {}

@@ -59,10 +59,10 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlany.chat import render
-    from rlany.jsonl import JsonlReader
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.records import Scored
     from rlany.models import resolve_model
     from rlany.prompts import VERDICT_CHOICES, parse_verdict
-    from rlany.records import Scored
     from rlany.training.verdict import branch, verdict_samples
 
     labels = [r["label"] for r in judged_steps(episodes(HELD_OUT, 3, args.seed + 1))]

@@ -121,7 +121,7 @@ def judge_warm_start(config: str, seed: int, sets: list[str], sft: list[str],
     for the loop's `init_rm`."""
     from dataclasses import replace
 
-    from rlany.jsonl import meta_path
+    from rlany.files.jsonl import meta_path
     from rlany.stages import BY_TABLE
     from rlany.stages.loop_config import load_config
     from rlany.stages.loop_launch import command_line

@@ -51,8 +51,8 @@ def rollout_views(it_dir: Path) -> tuple[dict | None, float | None]:
     """One iteration's rollouts, read once: the judge on them (`judge_on_rollouts`) and the
     share of the policy's steps the env labels +1 (on a shortest plan): what step labels
     teach, visible before the outcome moves (None: no labels)."""
-    from rlany.jsonl import JsonlReader
-    from rlany.records import Trajectory
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.records import Trajectory
 
     path = it_dir / "trajectories.jsonl"
     trajs = [t for _, t in JsonlReader(path, Trajectory, "trajectories")] if path.exists() \
@@ -64,8 +64,8 @@ def judge_on_rollouts(it_dir: Path, trajectories: list) -> dict | None:
     """The judge's verdicts on one iteration's rollouts against the env's step labels
     (balanced accuracy) and its share of +1 verdicts, read from the iteration's files (so
     runs made before the judge stage reported it are covered too)."""
-    from rlany.jsonl import JsonlReader
-    from rlany.records import JudgeSample, Judgment
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.records import JudgeSample, Judgment
     from rlany.stages.eval import judge_metrics
 
     if not (it_dir / "judgments.jsonl").exists():

@@ -14,7 +14,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from rlany.records import JudgeSample, Judgment, Step, StepJudgment, Trajectory, to_json, traj_id
+from rlany.files.records import (
+    JudgeSample,
+    Judgment,
+    Step,
+    StepJudgment,
+    Trajectory,
+    to_json,
+    traj_id,
+)
 
 
 def make_traj(task_id: str, sample: int, outcome: int, n_steps: int = 1,

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import make_judgment, make_traj, write_jsonl
 from rlany.envs.reasoning import make_tasks
-from rlany.records import to_json
+from rlany.files.records import to_json
 
 
 def _traj_lines(n_tasks=2, n=2):

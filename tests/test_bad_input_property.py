@@ -22,7 +22,7 @@ The oracle does not call rlany: it splits the bytes into lines as `readline` doe
 UTF-8, parses JSON (NaN/Infinity/1e400 are not JSON numbers) and checks the record's field
 types from the dataclass type hints (a chat message: a string role, a string or parts
 content). A line is "bad" when that fails, it holds a lone surrogate or it nests deeper
-than `rlany.jsonl.MAX_DEPTH`. A schema-valid line that differs from the valid file's may
+than `rlany.files.jsonl.MAX_DEPTH`. A schema-valid line that differs from the valid file's may
 still be rejected by a stage's own rules (outcome must be +-1, ...): then only the general
 rules above apply.
 
@@ -59,8 +59,8 @@ from hypothesis import strategies as st
 from conftest import make_judgment, make_traj
 from rlany.envs.reasoning import make_tasks
 from rlany.errors import RlanyError
-from rlany.jsonl import MAX_DEPTH
-from rlany.records import (
+from rlany.files.jsonl import MAX_DEPTH
+from rlany.files.records import (
     Judgment,
     Lineage,
     Message,

@@ -14,7 +14,7 @@ import pytest
 from conftest import make_judgment, make_traj, one_line, read_jsonl, write_jsonl
 from rlany.envs.reasoning import make_tasks
 from rlany.errors import RlanyError
-from rlany.records import Trajectory, from_json, to_json
+from rlany.files.records import Trajectory, from_json, to_json
 
 ONE_ANSWER = {"rules": [{"match": "## The agent", "responses": ["ok \\boxed{+1}",
                                                                 "bad \\boxed{-1}"]},
@@ -65,7 +65,7 @@ def test_judgments_of_another_pool_with_the_same_ids_are_refused_without_a_sidec
 
 def _with_digest(judgments, trajectories, path):
     """Judgments as `rlany judge` writes them with `provenance.judgment_origin`."""
-    from rlany.provenance import judgment_origin
+    from rlany.files.provenance import judgment_origin
 
     rows = read_jsonl(judgments)
     for row, traj in zip(rows, read_jsonl(trajectories)):
@@ -113,8 +113,8 @@ def test_stats_and_judgments_of_another_pools_tasks_are_refused_by_the_task_dige
         two_pools, tmp_path, cli):
     """What adapt-tasks calls (`provenance.check_answers_pool`) on records that carry the
     digest of the task they answer (`task_sha256`); records without it are unknown."""
-    from rlany.provenance import TASK_SHA256, check_answers_pool, task_digest
-    from rlany.records import Task
+    from rlany.files.provenance import TASK_SHA256, check_answers_pool, task_digest
+    from rlany.files.records import Task
 
     pools = {k: [from_json(Task, r) for r in read_jsonl(tmp_path / f"pool_{k}.jsonl")]
              for k in "ab"}

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import make_judgment, make_traj, one_line, read_jsonl, write_jsonl
 from rlany.envs import StepResult
-from rlany.records import Task
+from rlany.files.records import Task
 
 
 class Broken:

@@ -13,7 +13,7 @@ from conftest import one_line, read_jsonl, run_cli, write_jsonl
 from rlany.engines.fake import FakeEngine
 from rlany.envs import make_env
 from rlany.envs.household import make_tasks
-from rlany.records import Step, TaskStats, Trajectory
+from rlany.files.records import Step, TaskStats, Trajectory
 from rlany.stages.adapt_metrics import env_loop_counts, summary_line
 from rlany.stages.adapt_tasks import AdaptOptions, decide, propose
 from rlany.stages.env_account import task_account, verdict_only
@@ -111,7 +111,7 @@ def test_a_decision_says_where_its_parents_accuracy_came_from():
     proposal, and the decision says which."""
     from dataclasses import replace
 
-    from rlany.records import Lineage
+    from rlany.files.records import Lineage
 
     pool = make_tasks(2, seed=5)
     cand = replace(pool[0], task_id="c", extra={"candidate": {"parent_acc": 0.0}},
@@ -146,7 +146,7 @@ def test_a_candidate_without_a_parent_or_direction_is_refused_by_line(tmp_path):
     """A hand-made candidates file whose lineage has no parent or an unknown direction, or
     whose id is a pool task's, would be judged by the wrong rule: refused, `file:line:
     ...`, exit 1, nothing written."""
-    from rlany.records import to_json
+    from rlany.files.records import to_json
 
     pool = make_tasks(2, seed=2)
     write_jsonl(tmp_path / "pool.jsonl", pool)

@@ -12,7 +12,7 @@ from conftest import read_jsonl, write_jsonl
 from rlany.engines.fake import FakeEngine
 from rlany.envs import make_env
 from rlany.envs.household import make_tasks
-from rlany.records import TaskStats
+from rlany.files.records import TaskStats
 from rlany.stages.adapt_tasks import AdaptOptions, acceptance, decide, propose
 from rlany.stages.edit_choice import PRIOR_WEIGHT, learnability_result, predicted, tallies
 from rlany.stages.rollout import RolloutOptions, sample_tasks

@@ -11,8 +11,8 @@ from rlany.envs import make_env
 from rlany.envs.household import HouseholdEnv
 from rlany.envs.household import make_tasks as house_tasks
 from rlany.envs.reasoning import make_tasks
+from rlany.files.records import TaskStats
 from rlany.prompts import parse_verdict
-from rlany.records import TaskStats
 from rlany.stages.adapt_tasks import AdaptOptions, propose
 from rlany.stages.judge import JudgeOptions, judge
 from rlany.stages.rewrites import parse_spec

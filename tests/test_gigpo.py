@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from conftest import make_judgment, read_jsonl, write_jsonl
 from rlany.envs import after_first_line, state_hash
-from rlany.records import Step, Trajectory, traj_id
+from rlany.files.records import Step, Trajectory, traj_id
 from rlany.stages.gigpo import discounted
 from rlany.stages.score import ScoreOptions, score_group
 

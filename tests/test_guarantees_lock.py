@@ -1,4 +1,4 @@
-"""One writer per output, and the re-check once the lock is held (`rlany.locks`).
+"""One writer per output, and the re-check once the lock is held (`rlany.files.locks`).
 
 The race: process B passed its up-front checks and started (its engine, its model) while
 process A was still writing the same output; A finishes and lets go of the lock; B takes

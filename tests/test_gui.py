@@ -16,7 +16,7 @@ from rlany.engines.fake import FakeEngine
 from rlany.engines.openai import OpenAIEngine
 from rlany.envs import Observation, StepResult
 from rlany.errors import RlanyError
-from rlany.records import Task, Trajectory, from_json, to_json
+from rlany.files.records import Task, Trajectory, from_json, to_json
 from rlany.stages.judge import JudgeOptions, judge
 from rlany.stages.rollout import RolloutOptions, rollout
 from test_openai_engine import Stub, server  # noqa: F401  (the stub server fixture)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlany.envs.household import KINDS, HouseholdEnv, expert_actions, make_tasks
-from rlany.records import Task, to_json
+from rlany.files.records import Task, to_json
 
 
 def play(task, actions):
@@ -141,8 +141,8 @@ def test_make_tasks_exclude(tmp_path, cli):
 
 
 def test_on_plan_share_reads_the_env_step_labels(tmp_path, cli):
-    from rlany.jsonl import JsonlReader
-    from rlany.records import Trajectory
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.records import Trajectory
     from rlany.stages.eval import on_plan_share
 
     tasks = tmp_path / "t.jsonl"

@@ -10,7 +10,7 @@ import pytest
 
 from rlany.envs.household import HouseholdEnv, expert_actions, make_tasks
 from rlany.envs.household_edits import ORDER
-from rlany.records import Task
+from rlany.files.records import Task
 
 SLOT_EDITS = ("goal object", "goal receptacle")
 

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
 import judge_cost  # noqa: E402
 
 from conftest import make_judgment, make_traj, write_jsonl  # noqa: E402
-from rlany.records import to_json  # noqa: E402
+from rlany.files.records import to_json  # noqa: E402
 
 
 def test_counts_what_each_stage_reads_and_trains(tmp_path, tiny_model, monkeypatch):

@@ -12,7 +12,7 @@ import judge_onpolicy  # noqa: E402
 import judge_readable  # noqa: E402
 
 from conftest import write_jsonl  # noqa: E402
-from rlany.records import JudgeSample, Judgment, StepJudgment  # noqa: E402
+from rlany.files.records import JudgeSample, Judgment, StepJudgment  # noqa: E402
 
 MID = Path(__file__).resolve().parents[1] / "examples" / "household" / "mid_tasks.jsonl"
 
@@ -81,9 +81,9 @@ def test_a_runs_judged_steps_are_read_back_with_their_labels_and_verdicts(tmp_pa
 
 
 def test_judge_onpolicy_trains_on_exactly_the_sampled_steps_toward_their_label(tmp_path):
-    from rlany.jsonl import JsonlReader
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.records import Scored
     from rlany.prompts import VERDICT_CHOICES
-    from rlany.records import Scored
     from rlany.training.verdict import verdict_samples
 
     trajs = _episodes(seed=5, per_task=2)[:40]

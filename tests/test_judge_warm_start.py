@@ -82,8 +82,8 @@ def test_judge_labels_writes_the_env_labels_as_verdicts(tmp_path, cli):
     assert meta["flags"]["engine_resolved"]["engine"] == "labels"
     assert meta["flags"]["content"] == {}  # no weights: nothing named by content
     # the judge's prompts are the model judge's (same flags, same messages)
+    from rlany.files.records import Trajectory, from_json
     from rlany.prompts import step_prompts
-    from rlany.records import Trajectory, from_json
     first = from_json(Trajectory, trajs[0])
     assert [s["judge_messages"] for s in judgments[0]["steps"]] == step_prompts(first, 1, 1)
     # a step without a label (an env that gives none) fails at its line, nothing written

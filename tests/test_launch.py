@@ -167,7 +167,7 @@ def _alive(pid: int) -> bool:
 def test_a_rerun_names_the_process_that_still_holds_the_trainers_lock(tmp_path):
     """A trainer that outlived its loop still holds its checkpoint's lock: the rerun
     starts no second trainer and says which process holds it, in one line."""
-    from rlany.locks import output_lock
+    from rlany.files.locks import output_lock
     from rlany.stages.loop_launch import run_launched
 
     out, marker = tmp_path / "policy", tmp_path / "ran"

@@ -8,8 +8,8 @@ underscore) of the PUBLIC modules:
     rlany.cli               the CLI
     rlany.stages, .stages.* the stage layer: each command's options and function, and the
                             public helpers of its modules (`stages.eval.wilson_interval`)
-    rlany.records           the records every stage reads and writes (the data contract)
-    rlany.jsonl             their files
+    rlany.files.records           the records every stage reads and writes (the data contract)
+    rlany.files.jsonl             their files
     rlany.envs              the env seam a user's env plugs into (the Protocol, the registry
                             and its entry points, `make_env`); not the built-in envs
                             (`rlany.envs.household`, ...)
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 RESEARCH, BENCHMARKS = ROOT / "research", ROOT / "benchmarks"
 
-PUBLIC = {"rlany", "rlany.cli", "rlany.stages", "rlany.records", "rlany.jsonl", "rlany.envs",
+PUBLIC = {"rlany", "rlany.cli", "rlany.stages", "rlany.files.records", "rlany.files.jsonl", "rlany.envs",
           "rlany.models", "rlany.stats"}
 PUBLIC_TREES = ("rlany.stages.",)  # every module under these, too
 
@@ -188,12 +188,12 @@ def test_benchmarks_never_import_research():
 def test_the_rule_catches_what_it_should(tmp_path):
     """The checker itself, on a file of known imports."""
     f = tmp_path / "x.py"
-    f.write_text("import json\nimport rlany.training.trainer\nfrom rlany import stages, jsonl\n"
+    f.write_text("import json\nimport rlany.training.trainer\nfrom rlany import stages\nfrom rlany.files import jsonl\n"
                  "from rlany.stages.rollout import RolloutOptions, _advance\n"
                  "from rlany.envs.household import Household\nfrom rlany.envs import make_env\n"
                  "def f():\n    from rlany.engines.hf import HfEngine\n")
     assert [(what, ok) for _, what, ok in rlany_uses(f)] == [
-        ("rlany.training.trainer", False), ("rlany.stages", True), ("rlany.jsonl", True),
+        ("rlany.training.trainer", False), ("rlany.stages", True), ("rlany.files.jsonl", True),
         ("rlany.stages.rollout.RolloutOptions", True), ("rlany.stages.rollout._advance", False),
         ("rlany.envs.household.Household", False), ("rlany.envs.make_env", True),
         ("rlany.engines.hf.HfEngine", False)]

@@ -14,7 +14,7 @@ from conftest import read_jsonl, write_jsonl
 from rlany.engines.fake import FakeEngine
 from rlany.envs.reasoning import make_tasks
 from rlany.errors import RlanyError
-from rlany.records import Lineage, Task, TaskStats
+from rlany.files.records import Lineage, Task, TaskStats
 from rlany.stages.adapt_tasks import AdaptOptions, acceptance, decide
 from rlany.stages.loop import Loop, load_config
 from rlany.stages.rewrites import parse_spec
@@ -360,7 +360,7 @@ def test_adapt_edits_mode_picks_an_env_edit_and_records_it():
     from rlany.engines.fake import FakeEngine
     from rlany.envs import make_env
     from rlany.envs.household import make_tasks as household_tasks
-    from rlany.records import TaskStats
+    from rlany.files.records import TaskStats
     from rlany.stages.adapt_tasks import propose
 
     pool = household_tasks(3, seed=2)
@@ -410,7 +410,7 @@ def test_adapt_summary_model_condenses_the_critiques():
     from rlany.engines.fake import FakeEngine
     from rlany.envs import make_env
     from rlany.envs.reasoning import make_tasks as reasoning_tasks
-    from rlany.records import TaskStats
+    from rlany.files.records import TaskStats
     from rlany.stages.adapt_tasks import propose
 
     pool = reasoning_tasks(1, seed=0)

@@ -16,7 +16,7 @@ import pytest
 
 from rlany.envs import Observation
 from rlany.errors import RlanyError
-from rlany.records import Task, to_json
+from rlany.files.records import Task, to_json
 
 miniwob = pytest.importorskip("miniwob", reason="needs the miniwob package: pip install "
                               "'rlany[gui]'")

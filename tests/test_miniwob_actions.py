@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from rlany.records import Task
+from rlany.files.records import Task
 
 miniwob = pytest.importorskip("miniwob", reason="needs the miniwob package: pip install "
                               "'rlany[gui]'")

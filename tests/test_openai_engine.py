@@ -207,7 +207,7 @@ def test_the_first_batch_of_a_served_rollout_has_its_token_ids_and_logprobs(serv
     of a rollout records them as every later one does (a shard's first batch is then the
     unsharded run's bytes)."""
     from rlany import envs
-    from rlany.records import Task
+    from rlany.files.records import Task
     from rlany.stages.rollout import RolloutOptions, rollout
 
     Stub.token_ids = True

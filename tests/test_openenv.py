@@ -30,7 +30,7 @@ from openenv_server import serve  # noqa: E402
 from rlany.envs import EnvBusy, Observation  # noqa: E402
 from rlany.envs.openenv import OpenenvEnv, make_tasks  # noqa: E402
 from rlany.errors import RlanyError  # noqa: E402
-from rlany.records import Task  # noqa: E402
+from rlany.files.records import Task  # noqa: E402
 
 SERVER = str(Path(__file__).with_name("openenv_server.py"))
 

@@ -20,7 +20,7 @@ pytest.importorskip("websockets", reason="needs websockets: pip install 'rlany[o
 from rlany.envs.openenv import OpenenvEnv  # noqa: E402
 from rlany.envs.openenv_wire import start_server  # noqa: E402
 from rlany.errors import RlanyError  # noqa: E402
-from rlany.records import Task  # noqa: E402
+from rlany.files.records import Task  # noqa: E402
 from test_openenv import free_port, trajectories  # noqa: E402
 
 HERE = Path(__file__).with_name("openenv_servers")

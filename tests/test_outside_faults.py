@@ -126,7 +126,7 @@ def bad_server():
 @pytest.mark.parametrize("mode", ["nan", "inf", "-inf"])
 def test_a_non_finite_reward_is_an_episode_error_naming_server_and_field(bad_server, mode):
     from rlany.envs.openenv import OpenenvEnv
-    from rlany.records import Task
+    from rlany.files.records import Task
 
     game, url = bad_server
     game.mode = mode

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from conftest import read_jsonl, write_jsonl
 from rlany.engines.fake import FakeEngine
 from rlany.envs import StepResult, read_action
-from rlany.records import Task
+from rlany.files.records import Task
 
 BIG = "9" * 10_000  # past int()'s 4,300 digits
 HOSTILE = ["²", "³¹", "١٢", "Ⅻ", "ↂ", "𝟗", "½", BIG, "-" + BIG, "[" * 10_000 + "]" * 10_000,

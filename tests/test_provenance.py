@@ -159,7 +159,7 @@ def test_impossible_trajectories_are_refused_at_their_line(path, value, words, t
 @pytest.mark.parametrize("stage", ["rollout", "eval"])
 def test_a_spec_its_env_cannot_grade_is_refused_before_an_engine_starts(env, spec, words, stage,
                                                                          tmp_path, cli):
-    from rlany.records import to_json
+    from rlany.files.records import to_json
 
     rows = [to_json(t) for t in make_tasks(2, seed=0)]
     rows[1].update(env=env, spec=spec)

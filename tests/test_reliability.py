@@ -70,7 +70,7 @@ def test_an_output_that_is_not_a_regular_file_is_refused(kind, command, tmp_path
 
 def test_writers_never_replace_a_special_file(tmp_path):
     from rlany.errors import RlanyError
-    from rlany.outputs import AtomicJsonl, write_text_atomic
+    from rlany.files.outputs import AtomicJsonl, write_text_atomic
 
     fifo = _special(tmp_path, "fifo")
     for write in (lambda: write_text_atomic(fifo, "x"), lambda: AtomicJsonl(fifo).__enter__()):

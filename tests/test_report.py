@@ -90,7 +90,7 @@ def test_a_run_is_read_as_the_loop_wrote_it_and_nothing_twice(tmp_path):
     import pytest
 
     from rlany.errors import RlanyError
-    from rlany.jsonl import meta_path
+    from rlany.files.jsonl import meta_path
 
     run = _run(tmp_path, "a", [0.1, 0.2, 0.3])
     for name, rate in (("iter_999", 0.3), ("iter_1000", 0.4), ("iter_1000.old", 0.9),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_jsonl
-from rlany.records import Task
+from rlany.files.records import Task
 from rlany.stages.loop import Loop, load_config
 
 QUESTION = {"question": "What is 2 + 3?", "answer": "5"}
@@ -187,7 +187,8 @@ def test_large_file_digests_are_remembered_across_processes(tmp_path, monkeypatc
     """A stage names its weights by content on every start (resume headers, sidecars), so a
     large file's digest is kept in the cache's digests.jsonl under what any write changes:
     a later process reads it back unhashed; a rewrite in place is hashed again."""
-    from rlany import models, provenance
+    from rlany import models
+    from rlany.files import provenance
 
     monkeypatch.setenv("RLANY_CACHE", str(tmp_path / "cache"))
     weights = tmp_path / "w.safetensors"

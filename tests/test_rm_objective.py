@@ -11,7 +11,7 @@ import torch
 
 from conftest import make_judgment, make_traj, one_line, write_jsonl
 from rlany.errors import RlanyError
-from rlany.records import Scored, ScoredJudgeSample, ScoredStep
+from rlany.files.records import Scored, ScoredJudgeSample, ScoredStep
 from rlany.stages.score import ScoreOptions, score_group
 from rlany.training.verdict import branch, class_weights, verdict_loss
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rlany.engines.fake import FakeEngine
 from rlany.envs import StepResult
-from rlany.records import Task
+from rlany.files.records import Task
 from rlany.stages.rollout import RolloutOptions, rollout
 
 

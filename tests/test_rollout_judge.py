@@ -14,8 +14,8 @@ from rlany.engines import Sampling
 from rlany.engines.fake import FakeEngine
 from rlany.envs import StepResult
 from rlany.envs.reasoning import extract_answer, make_tasks
+from rlany.files.records import Task
 from rlany.prompts import parse_verdict
-from rlany.records import Task
 from rlany.stages.judge import JudgeOptions, judge
 from rlany.stages.rollout import RolloutOptions, rollout
 
@@ -120,7 +120,7 @@ def test_sample_tasks_draws_k_of_the_pool_per_iteration_and_keeps_candidates():
     assert sample_tasks(tasks, RolloutOptions()) == tasks      # default: every task
     # a candidate's parent is not forced into the draw (parents would fill K): it is
     # measured by its own draws, so some iterations leave it out
-    from rlany.records import Lineage
+    from rlany.files.records import Lineage
     for i in (7, 8):
         tasks[i] = replace(tasks[i], extra={"candidate": {}}, lineage=Lineage(
             root_id=tasks[i - 6].task_id, parent_id=tasks[i - 6].task_id, version=1,
@@ -135,7 +135,7 @@ def test_sample_tasks_keeps_rewrites_to_the_replay_share():
     """Of the K drawn pool tasks at most floor(replay_share x K) are rewrites (lineage
     version > 0), the rest originals, whatever share of the pool the rewrites are."""
     from rlany.envs.household import make_tasks
-    from rlany.records import Lineage
+    from rlany.files.records import Lineage
     from rlany.stages.rollout import sample_tasks
 
     tasks = make_tasks(24, seed=1)
@@ -192,7 +192,7 @@ def test_judge_step_accuracy_is_balanced_over_env_labels():
                                 RolloutOptions(n=1, max_steps=12, history_turns=20)) for t in g]
     labels = [s.info.get("label") for t in trajs for s in t.steps]
     assert 1 in labels and -1 in labels and None not in labels
-    from rlany.records import JudgeSample, Judgment, StepJudgment
+    from rlany.files.records import JudgeSample, Judgment, StepJudgment
 
     def judged(verdict):
         return [Judgment(traj_id=t.traj_id, task_id=t.task_id, judge={}, steps=[
@@ -340,7 +340,7 @@ def test_cli_rollout_resumes_after_partial_output(tmp_path, cli):
 
 def test_cli_unknown_env_names_the_line(tmp_path, cli):
     tasks = make_tasks(3, seed=0)
-    rows = [json.loads(json.dumps(__import__("rlany.records", fromlist=["to_json"]).to_json(t)))
+    rows = [json.loads(json.dumps(__import__("rlany.files.records", fromlist=["to_json"]).to_json(t)))
             for t in tasks]
     rows[1]["env"] = "nope"
     path = tmp_path / "tasks.jsonl"
@@ -452,7 +452,7 @@ def test_judge_stage_reports_its_accuracy_against_the_env_step_labels(tmp_path):
     scores 0.5, one that is right on every detour more)."""
     from rlany.envs.household import expert_actions
     from rlany.envs.household import make_tasks as household_tasks
-    from rlany.records import Judgment, Trajectory, from_json
+    from rlany.files.records import Judgment, Trajectory, from_json
     from rlany.stages.eval import judge_metrics
     from rlany.stages.judge import run as judge_run
 

@@ -85,7 +85,7 @@ def test_a_jail_that_does_not_start_is_no_verdict(monkeypatch, tmp_path):
     """bwrap's own setup failing (exit 1, no program run) is the sandbox's failure, raised
     for the env to record an errored episode, never a wrong program scored -1."""
     from rlany.envs.coding import CodingEnv
-    from rlany.records import Task
+    from rlany.files.records import Task
 
     broken = ["/bin/sh", "-c", "echo 'bwrap: setting up uid map: Permission denied' >&2; "
               "exit 1", "jail"]
@@ -234,7 +234,7 @@ def test_expected_outputs_never_enter_the_sandbox():
     """The coding env sends inputs only: a program that echoes everything it was sent
     (its stdin, the harness's config, its environment) cannot pass."""
     from rlany.envs.coding import CodingEnv
-    from rlany.records import Task
+    from rlany.files.records import Task
 
     secrets = [f"SECRET-{uuid.uuid4().hex}" for _ in range(2)]
     spec = {"question": "echo", "tests": [{"input": "a", "output": secrets[0]},

@@ -14,7 +14,7 @@ import torch
 from conftest import make_traj, read_jsonl, write_jsonl
 from rlany.envs.household import HouseholdEnv
 from rlany.errors import RlanyError
-from rlany.records import Task
+from rlany.files.records import Task
 from rlany.training.losses import nll_loss
 
 LEARN = "examples/household/learn_tasks.jsonl"
@@ -99,7 +99,7 @@ def test_sft_trains_on_successful_steps_and_lowers_their_loss(tiny_model, tmp_pa
     # an errored episode is no sample even with --all-outcomes (the env failed, not it)
     from dataclasses import replace
 
-    from rlany.records import Trajectory, from_json
+    from rlany.files.records import Trajectory, from_json
     from rlany.training.samples import sft_samples
     trajs = [from_json(Trajectory, t) for t in read_jsonl(data)]
     broken = [replace(t, finish="error") if t.outcome != 1 else t for t in trajs]

@@ -223,7 +223,7 @@ def envs_make_tasks(
     import inspect
 
     from rlany import envs
-    from rlany.outputs import AtomicJsonl, write_meta
+    from rlany.files.outputs import AtomicJsonl, write_meta
     from rlany.stageio import prepare_paths, read_tasks
 
     started = time.time()

@@ -77,7 +77,7 @@ def file_digest(path: str | Path) -> str:
     of 1 MiB or more are remembered across processes in the cache's `digests.jsonl`, so
     every stage can name its weights by content without rereading a large model. A file
     written in the last 2 s is hashed each time (a write within a timestamp's tick)."""
-    from rlany.provenance import sha256_file
+    from rlany.files.provenance import sha256_file
 
     key = _stat_key(path)
     if key not in _DIGESTS and key[3] >= _REMEMBER_BYTES:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlany.engines import Completion, Engine, Request, Result
-    from rlany.records import Trajectory
+    from rlany.files.records import Trajectory
 
 JUDGE_SYSTEM = (
     "You are a careful reviewer of an AI agent's work. You judge one step at a time: "

@@ -104,7 +104,7 @@ def take(items: list, limit: int, shard: tuple[int, int] | None, *, stage: str,
 def refuse_sharded_input(path: str) -> None:
     """`--shard` cuts a whole input: an input whose sidecar says it is already one shard of
     a run is refused (a shard's output is judged whole, without --shard)."""
-    from rlany.provenance import sidecar
+    from rlany.files.provenance import sidecar
 
     meta = sidecar(path) or {}
     flags = meta.get("flags")
@@ -125,7 +125,7 @@ def read_parts(path: str, name: str) -> list[tuple[str, dict]]:
         raise RlanyError("not UTF-8 text", where=name) from None
     except (FileNotFoundError, IsADirectoryError):
         raise RlanyError("no such file of shard summaries", where=name) from None
-    from rlany.jsonl import _finite_float, _reject_constant  # NaN, 1e400: not JSON numbers
+    from rlany.files.jsonl import _finite_float, _reject_constant  # NaN, 1e400: not JSON numbers
 
     decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
     pos, parts = 0, []

@@ -1,11 +1,11 @@
 """File plumbing shared by the stage drivers: inputs checked and read once, adapters checked
 and the engine started from a stage's options. The stage modules hold the logic; this module
 holds no math and no stage-specific rule (whether two inputs belong together is
-`rlany.provenance`).
+`rlany.files.provenance`).
 
 * `check_paths` refuses an output that would overwrite an input, and an output or a file
   written beside it that is no regular file; `spool_input` copies stdin (or a named pipe)
-  to a temp file, for a stage that reads its input twice. `output_lock` (`rlany.locks`,
+  to a temp file, for a stage that reads its input twice. `output_lock` (`rlany.files.locks`,
   imported here by the stages) keeps two processes from writing one output.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 
 from rlany.console import info
 from rlany.errors import RlanyError, UsageError
-from rlany.jsonl import JsonlReader
-from rlany.locks import lock_path, output_lock, output_state  # noqa: F401 (the stages' import)
+from rlany.files.jsonl import JsonlReader
+from rlany.files.locks import lock_path, output_lock, output_state  # noqa: F401 (the stages' import)
 
 GEN_VERSIONS = ("vllm", "torch", "transformers", "peft")  # peft applies the adapters
 
@@ -81,7 +81,7 @@ def read_tasks(path: str | Path, allow_empty: bool = False, name: str | None = N
     `allow_empty` for candidate files: an iteration may propose no candidate at all.
     `check(task)`: a stage's own rule; the RlanyError it raises is reported at the line."""
     from rlany import envs
-    from rlany.records import Task
+    from rlany.files.records import Task
 
     reader = JsonlReader(path, Task, "tasks", allow_empty=allow_empty, name=name)
     tasks, seen = [], set()
@@ -113,7 +113,7 @@ def read_stats(path: str | Path, name: str | None = None,
                tasks: set[str] | None = None) -> dict:
     """Task stats by task id, each once; with `tasks`, every id must be one of them (stats
     of another pool are refused at their line, never silently ignored)."""
-    from rlany.records import TaskStats
+    from rlany.files.records import TaskStats
 
     stats: dict = {}
     for where, s in JsonlReader(path, TaskStats, "task stats", name=name):
@@ -303,8 +303,8 @@ def check_paths(inputs: dict[str, str | None], outputs: dict[str, str | None],
     would destroy the input or its provenance), two outputs naming one file, or more than
     one input or output on stdin/stdout. The same file under two names (a symlink, a hard
     link) counts as one. Keys are the flags, for the message."""
-    from rlany.jsonl import meta_path
-    from rlany.outputs import check_target
+    from rlany.files.jsonl import meta_path
+    from rlany.files.outputs import check_target
 
     for group, what in ((inputs, "stdin"), (outputs, "stdout")):
         dashes = [flag for flag, p in group.items() if p == "-"]
@@ -377,7 +377,7 @@ def spool_input(path: str) -> tuple[str, str]:
 
 def resumable_sides(path: str) -> Sides:
     """The files a resumable output (rollout, judge) writes beside `path`: checked with it."""
-    from rlany.outputs import partial_paths
+    from rlany.files.outputs import partial_paths
 
     if path == "-":
         return {}

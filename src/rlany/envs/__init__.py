@@ -55,7 +55,7 @@ from importlib import import_module, metadata
 from typing import Protocol, TypeVar, runtime_checkable
 
 from rlany.errors import RlanyError
-from rlany.records import Task
+from rlany.files.records import Task
 
 
 class EnvBusy(RlanyError):

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from rlany.envs import Edit, StepResult, parse_action, read_action
 from rlany.errors import RlanyError
-from rlany.records import Lineage, Task
+from rlany.files.records import Lineage, Task
 
 PROMPT = ("You are playing a text adventure game. Each turn, answer with exactly one "
           "admissible command, either its number or its text.")

@@ -29,7 +29,7 @@ import re
 
 from rlany.envs import Edit, StepResult, read_action
 from rlany.errors import RlanyError
-from rlany.records import Lineage, Task
+from rlany.files.records import Lineage, Task
 
 PROMPT = ("Write a Python 3 program that reads the input from standard input and prints the "
           "answer to standard output. Put the whole program in one ```python code block.")

@@ -43,7 +43,7 @@ from copy import deepcopy
 
 from rlany.envs import StepResult, after_first_line, parse_action, read_action
 from rlany.errors import RlanyError
-from rlany.records import Lineage, Task
+from rlany.files.records import Lineage, Task
 
 KINDS = ("pick", "pick_and_place", "pick_two", "clean_and_place", "heat_and_place",
          "cool_and_place", "look_at_in_light")

@@ -57,7 +57,7 @@ from rlany.envs.household import (
     _type,
     expert_actions,
 )
-from rlany.records import Task
+from rlany.files.records import Task
 
 MAX_EDITS = 8
 PLACE_TARGETS = tuple(r for r in RECEPTACLES if r not in ("desklamp", "sinkbasin"))

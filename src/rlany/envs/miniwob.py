@@ -69,7 +69,7 @@ from rlany.envs import miniwob_page as page
 from rlany.envs.browser import browser
 from rlany.envs.miniwob_expert import LADDERS, PLANS, expert
 from rlany.errors import RlanyError
-from rlany.records import Lineage, Task
+from rlany.files.records import Lineage, Task
 
 PROMPT = ("You are operating a web page. Each turn, answer with exactly one admissible action, "
           "either its number or its text.")

@@ -88,7 +88,7 @@ from rlany.envs import openenv_tools as tools
 from rlany.envs import openenv_wire as wire
 from rlany.envs.openenv_tasks import PROMPT, make_tasks, spec_problems  # noqa: F401 (CLI)
 from rlany.errors import RlanyError
-from rlany.records import Task
+from rlany.files.records import Task
 
 CHOICE_FIELDS = ("legal_actions", "available_actions", "valid_actions", "admissible_actions")
 _said: set[str] = set()

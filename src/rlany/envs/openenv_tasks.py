@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from rlany.envs import openenv_wire as wire
 from rlany.errors import RlanyError
-from rlany.records import Lineage, Task
+from rlany.files.records import Lineage, Task
 
 PROMPT = "You are acting in an environment. Each turn, answer with exactly one action."
 HINT = "--knob url=http://HOST:PORT, or --knob command=... --knob port=N"

@@ -27,7 +27,7 @@ import zlib
 
 from rlany.envs import Edit, StepResult, read_action
 from rlany.errors import RlanyError
-from rlany.records import Lineage, Task
+from rlany.files.records import Lineage, Task
 
 PROMPT = "Solve the problem. Give the final answer as a number in \\boxed{}."
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from rlany.records import Task, TaskStats
+from rlany.files.records import Task, TaskStats
 
 LEARNABILITY_ROLLOUTS = 8  # rollouts a candidate's p needs under --acceptance learnability
 

@@ -29,8 +29,8 @@ from typing import Any
 from rlany.engines import Engine, Request, Sampling
 from rlany.envs import Environment
 from rlany.envs.make import spec_key
+from rlany.files.records import Task, TaskStats
 from rlany.prompts import clip, edit_choices, edit_messages, rewrite_messages
-from rlany.records import Task, TaskStats
 from rlany.stages.adapt_decide import direction_for, is_original, rewrites_of, root_of
 from rlany.stages.critiques import model_summaries
 from rlany.stages.edit_choice import learnability_result, shuffled

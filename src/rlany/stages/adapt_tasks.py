@@ -25,8 +25,8 @@ from pathlib import Path
 from rlany.engines import Engine, Sampling
 from rlany.envs.make import spec_key
 from rlany.errors import RlanyError, UsageError
+from rlany.files.records import TaskStats
 from rlany.options import EngineFields, opt
-from rlany.records import TaskStats
 from rlany.stages.adapt_decide import acceptance, decide, direction_for  # noqa: F401
 from rlany.stages.adapt_metrics import env_loop_counts, summary_line
 from rlany.stages.adapt_propose import propose, targets_of
@@ -154,7 +154,7 @@ def _read_stats(paths: dict, opts: AdaptOptions, task_ids: set[str]) -> dict[str
     the judgments and trajectories come from (another pool's would otherwise change nothing,
     silently). A task none of whose episodes ran (the env failed each) has no accuracy: it
     is left out, not taken for a hard task."""
-    from rlany.provenance import check_adapt_inputs, check_scored_from, judged_tasks
+    from rlany.files.provenance import check_adapt_inputs, check_scored_from, judged_tasks
     from rlany.stageio import read_stats
 
     stats = read_stats(paths["--stats"], name=opts.stats, tasks=task_ids)
@@ -200,7 +200,7 @@ def read_history(path: str, name: str) -> list[dict]:
 
 def _history(paths: dict, opts: AdaptOptions, inputs: list) -> list[dict]:
     """`--history`'s decisions (none without it), its file added to the sidecar's inputs."""
-    from rlany.provenance import sha256_file
+    from rlany.files.provenance import sha256_file
 
     if not opts.history:
         return []
@@ -224,8 +224,8 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     """Accept/reject pending candidates, then propose new ones; write pool + candidates."""
     from rlany import envs
     from rlany.console import info
-    from rlany.outputs import atomic_outputs, write_meta
-    from rlany.provenance import check_answers_pool, sha256_file
+    from rlany.files.outputs import atomic_outputs, write_meta
+    from rlany.files.provenance import check_answers_pool, sha256_file
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rlany.engines import Engine, Request, Sampling
+from rlany.files.records import Judgment
 from rlany.prompts import clip, summary_messages
-from rlany.records import Judgment
 
 NONE = "(no critiques)"
 
@@ -35,7 +35,7 @@ def critique_summary(judgments: Iterable[Judgment], limit: int) -> str:
 def collect_critiques(judgments: str, task_ids: set[str], limit: int,
                       name: str | None = None) -> dict[str, str]:
     """Critique summaries of the given tasks, streaming the judgments file once."""
-    from rlany.jsonl import JsonlReader
+    from rlany.files.jsonl import JsonlReader
 
     grouped: dict[str, list] = {}
     for _, j in JsonlReader(judgments, Judgment, "judgments", name=name):
@@ -65,7 +65,7 @@ def model_summaries(targets: list, envs: dict, extracted: dict[str, str], engine
 def judged_bad_steps(judgments: str, task_ids: set[str], name: str | None = None
                      ) -> dict[str, set[int]]:
     """traj_id -> the steps the judge scored -1 on average (the env's account marks them)."""
-    from rlany.jsonl import JsonlReader
+    from rlany.files.jsonl import JsonlReader
 
     bad: dict[str, set[int]] = {}
     for _, j in JsonlReader(judgments, Judgment, "judgments", name=name):

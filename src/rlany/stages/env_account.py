@@ -12,8 +12,8 @@ has no judge critique)."""
 from __future__ import annotations
 
 from rlany.errors import RlanyError
+from rlany.files.records import Trajectory
 from rlany.prompts import clip
-from rlany.records import Trajectory
 from rlany.stages.episode_errors import errored
 
 NONE = "(no critiques)"
@@ -70,8 +70,8 @@ def collect_accounts(trajectories: str, task_ids: set[str], limit: int,
     `stats` (the task stats adapt-tasks decides by), a task's episodes must be the ones
     they count: same task (`task_sha256`), as many ran and succeeded; else the file comes
     from another rollout, and its account would contradict the accuracy beside it."""
-    from rlany.jsonl import JsonlReader
-    from rlany.provenance import TASK_SHA256
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.provenance import TASK_SHA256
 
     grouped: dict[str, list[Trajectory]] = {}
     first: dict[str, str] = {}

@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable
 
 from rlany.errors import RlanyError
-from rlany.records import Judgment, Trajectory
+from rlany.files.records import Judgment, Trajectory
 from rlany.stages.episode_errors import errored
 
 OUTCOMES = ("success", "return", "final-reward")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlany.errors import RlanyError
-from rlany.records import Trajectory
+from rlany.files.records import Trajectory
 
 MAX_ERROR_SHARE = 0.5  # above it, a rate over the rest measures the env more than the policy
 HINT = "fix the environment (its server, browser or spec) and rerun"

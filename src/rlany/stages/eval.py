@@ -37,9 +37,9 @@ from statistics import fmean
 
 from rlany import limits
 from rlany.errors import RlanyError
+from rlany.files.records import MODES, Judgment, Trajectory
 from rlany.options import opt
 from rlany.prompts import VERDICT_MODES
-from rlany.records import MODES, Judgment, Trajectory
 from rlany.shards import shard_opt
 from rlany.stages.env_reward import mean_return, return_row
 from rlany.stages.episode_errors import ErrorBudget, errored, watched
@@ -244,7 +244,7 @@ def run(opts: EvalOptions, engine=None) -> dict:
     """Roll out eval tasks (and optionally judge them); write a summary JSON atomically.
     With `--join`: the summary of eval shards instead (`join`)."""
     from rlany import envs, shards
-    from rlany.outputs import AtomicJsonl
+    from rlany.files.outputs import AtomicJsonl
     from rlany.stageio import adapter_checks, begin_generation, engine_flags
     from rlany.stages.rollout import rollout
 
@@ -320,7 +320,7 @@ def _write(summary: dict, output: str, ks: list[int], *, flags: dict, inputs: li
            started: float, counts: dict) -> None:
     """eval.json (or stdout), its sidecar and the summary line."""
     from rlany.console import info
-    from rlany.outputs import write_meta, write_text_atomic
+    from rlany.files.outputs import write_meta, write_text_atomic
     from rlany.stageio import GEN_VERSIONS
 
     text = json.dumps(summary, indent=2, allow_nan=False) + "\n"

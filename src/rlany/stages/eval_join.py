@@ -26,8 +26,8 @@ def join(opts: EvalOptions) -> dict:
     the sidecar's first input is the tasks file the shards ran (an unsharded eval's only
     one)."""
     from rlany import shards
+    from rlany.files.provenance import sha256_file
     from rlany.options import flag
-    from rlany.provenance import sha256_file
     from rlany.stageio import prepare_paths
 
     started = time.time()

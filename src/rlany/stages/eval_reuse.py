@@ -106,9 +106,9 @@ def _expected(opts: Any) -> dict | None:
     """What a sibling's sidecar must hold to be this evaluation (None: never shared)."""
     from rlany.compat import resolve_dtype
     from rlany.engines import resolve_engine
+    from rlany.files.outputs import package_versions
+    from rlany.files.provenance import sha256_file
     from rlany.models import resolve_model
-    from rlany.outputs import package_versions
-    from rlany.provenance import sha256_file
     from rlany.stageio import GEN_VERSIONS, WEIGHT_ENGINES
 
     name = Path(opts.output).name
@@ -154,7 +154,7 @@ def _differs(theirs: dict | None, ours: dict) -> str:
 
 def _siblings(out: Path) -> list[Path]:
     """The sidecars of the same evaluation in the run directories beside this one's."""
-    from rlany.jsonl import meta_path
+    from rlany.files.jsonl import meta_path
 
     return [m for m in sorted(out.parent.parent.glob(f"*/{meta_path(out.name).name}"))
             if m.parent.resolve() != out.parent.resolve()]
@@ -203,8 +203,8 @@ def reuse_base_eval(opts: Any, key: dict) -> tuple[Path | None, str | None]:
     `opts.output` (its content record and summary first, the sidecar last: the stage is
     complete only with it). Returns (the source, None), or (None, why not where a sibling
     was identical but for its content)."""
-    from rlany.jsonl import meta_path
-    from rlany.outputs import write_text_atomic
+    from rlany.files.jsonl import meta_path
+    from rlany.files.outputs import write_text_atomic
 
     found, why = find_base_eval(opts, key)
     if found is None:
@@ -229,7 +229,7 @@ def write_record(path: Path, key: dict | None) -> None:
     """A content record at `path`: what an evaluation or a warm start is made from (None:
     none, so it is never shared). Unwritable: unrecorded, so never shared; the stage itself
     reports a directory's faults."""
-    from rlany.outputs import write_text_atomic
+    from rlany.files.outputs import write_text_atomic
 
     try:
         if key is None:
@@ -261,7 +261,7 @@ def eval_done(opts: Any) -> Path:
     run's own is made from (evaluated right after); one a plan's script made is confirmed
     (`_confirm_planned`)."""
     from rlany.console import info
-    from rlany.jsonl import meta_path
+    from rlany.files.jsonl import meta_path
 
     out = Path(opts.output)
     if out.name not in (BASE, INIT):

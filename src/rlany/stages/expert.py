@@ -13,7 +13,7 @@ from typing import Any
 
 from rlany.engines import Completion, Result, stable_seed
 from rlany.errors import RlanyError, UsageError
-from rlany.records import Task, Trajectory
+from rlany.files.records import Task, Trajectory
 
 
 def check_expert(opts: Any, engine: Any) -> None:

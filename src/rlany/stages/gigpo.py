@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING
 
 from rlany.envs import state_hash
 from rlany.errors import RlanyError
+from rlany.files.records import Step
 from rlany.options import opt
-from rlany.records import Step
 from rlany.stages.advantages import Credit, centered, standardize
 from rlany.stages.env_reward import Group, outcome_rewards
 

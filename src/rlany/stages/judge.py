@@ -31,10 +31,8 @@ from typing import TYPE_CHECKING
 from rlany import limits
 from rlany.engines import Engine, NoModel, Request, Sampling, real_token_ids, stable_seed
 from rlany.errors import RlanyError, UsageError
-from rlany.options import EngineFields, opt
-from rlany.prompts import VERDICT_MODES, generate_verdicts, parse_verdict, step_prompts
-from rlany.provenance import judgment_origin
-from rlany.records import (
+from rlany.files.provenance import judgment_origin
+from rlany.files.records import (
     MODES,
     JudgeSample,
     Judgment,
@@ -42,6 +40,8 @@ from rlany.records import (
     Trajectory,
     responses_digest,
 )
+from rlany.options import EngineFields, opt
+from rlany.prompts import VERDICT_MODES, generate_verdicts, parse_verdict, step_prompts
 from rlany.shards import shard_opt
 from rlany.stages.episode_errors import ERRORED, errored
 from rlany.stages.expert import check_labels, label_verdicts
@@ -50,7 +50,7 @@ from rlany.stages.unit_tests import unit_test_batch, unit_test_counts
 from rlany.stats import balanced_accuracy
 
 if TYPE_CHECKING:
-    from rlany.outputs import ResumableJsonl
+    from rlany.files.outputs import ResumableJsonl
 
 SELECTS = ("all", "used")
 
@@ -208,8 +208,8 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     """Read trajectories, judge them (resuming a partial output), write judgments."""
     from rlany import shards
     from rlany.console import info
-    from rlany.jsonl import JsonlReader
-    from rlany.outputs import ResumableJsonl, write_meta
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.outputs import ResumableJsonl, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
         check_adapter,

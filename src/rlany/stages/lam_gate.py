@@ -32,7 +32,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterable
 
-from rlany.records import Judgment, Trajectory
+from rlany.files.records import Judgment, Trajectory
 from rlany.stats import wilson_interval
 
 Group = list[tuple[str, Trajectory, Judgment | None]]

@@ -56,7 +56,7 @@ from typing import Any
 
 from rlany.console import info
 from rlany.errors import RlanyError
-from rlany.jsonl import meta_path
+from rlany.files.jsonl import meta_path
 from rlany.stages import BY_TABLE
 from rlany.stages.loop_config import LoopConfig, load_config
 from rlany.stages.loop_metrics import write_metrics
@@ -161,7 +161,7 @@ class Loop:
         """Echo the resolved config into config.json, once it is checked against what the
         run directory holds (`rlany.stages.loop_resume`): the echo of a started run, and
         the options every finished stage recorded, whether or not config.json survives."""
-        from rlany.outputs import write_text_atomic
+        from rlany.files.outputs import write_text_atomic
         from rlany.stages.loop_resume import check_echo, check_finished
 
         config = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "path"}
@@ -373,7 +373,7 @@ class Loop:
         return self.cfg.init_rm
 
     def _finish_iteration(self, d: Path, it: int) -> None:
-        from rlany.outputs import write_text_atomic
+        from rlany.files.outputs import write_text_atomic
         from rlany.stages.loop_metrics import collect_metrics
 
         metrics = {"iteration": it, **collect_metrics(d)}

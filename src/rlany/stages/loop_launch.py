@@ -217,11 +217,11 @@ def command_line(cfg: Any, command: Any, opts: Any) -> list[str]:
 
 
 def _lock_holder(output: str) -> int | str | None:
-    """Whether another process holds the writer lock of `output` (`rlany.locks`): its pid
+    """Whether another process holds the writer lock of `output` (`rlany.files.locks`): its pid
     where Linux's /proc/locks names it, else ""; None: nobody does."""
     import fcntl
 
-    from rlany.locks import lock_path
+    from rlany.files.locks import lock_path
 
     try:
         fd = os.open(lock_path(output), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

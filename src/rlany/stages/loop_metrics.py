@@ -78,7 +78,7 @@ def collect_metrics(d: Path) -> dict:
 
 def write_metrics(run_dir: Path) -> None:
     """runs/NAME/metrics.jsonl: every finished iteration's done.json, one line each, in order."""
-    from rlany.outputs import write_text_atomic
+    from rlany.files.outputs import write_text_atomic
     from rlany.stages.report_read import ITERATION
 
     done = sorted((int(m[1]), p) for p in run_dir.glob("iter_*/done.json")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rlany.jsonl import meta_path
+from rlany.files.jsonl import meta_path
 from rlany.stages.loop_shards import SHARDED, shard_paths
 
 q = shlex.quote

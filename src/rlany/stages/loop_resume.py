@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlany.errors import RlanyError
-from rlany.jsonl import meta_path
+from rlany.files.jsonl import meta_path
 
 if TYPE_CHECKING:
     from rlany.stages.loop import Loop

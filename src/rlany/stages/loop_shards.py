@@ -24,7 +24,7 @@ import os
 import re
 from pathlib import Path
 
-from rlany.jsonl import meta_path
+from rlany.files.jsonl import meta_path
 
 SHARDED = ("rollout", "judge", "eval")  # the generation stages a plan shards
 
@@ -38,7 +38,7 @@ def shard_paths(output: str | Path, n: int) -> list[Path]:
 def adopt(output: str, write: bool) -> bool:
     """Whether `output` (no sidecar of its own) is the whole join of a plan's shards; with
     `write`, its sidecar is then written from theirs."""
-    from rlany.outputs import write_text_atomic
+    from rlany.files.outputs import write_text_atomic
 
     out = Path(output)
     if not out.is_file() or meta_path(out).exists():
@@ -78,7 +78,7 @@ def in_order(out: Path, parts: list[Path]) -> bool:
     import hashlib
 
     from rlany.errors import RlanyError
-    from rlany.provenance import sha256_file
+    from rlany.files.provenance import sha256_file
 
     ordered = True
     with open(out, "rb") as f:
@@ -141,7 +141,7 @@ def shard_meta(part: Path) -> dict:
     object with `flags` and `counts` objects, a list of `inputs` objects and a number of
     seconds (what joining reads)."""
     from rlany.errors import RlanyError
-    from rlany.provenance import sidecar
+    from rlany.files.provenance import sidecar
 
     meta = sidecar(part)
     inputs = meta.get("inputs") if meta else None
@@ -163,7 +163,7 @@ def joined_meta(output: str, parts: list[Path]) -> dict:
     urls = [m.get("flags", {}).get("base_url") for m in metas]
     if all(urls):  # each shard its own endpoint: together, the unsharded run's
         flags["base_url"] = ",".join(dict.fromkeys(urls))
-    from rlany.provenance import sha256_file
+    from rlany.files.provenance import sha256_file
 
     return {**first, "output": Path(output).name, "sha256": sha256_file(output), "flags": flags,
             "counts": combine([m.get("counts", {}) for m in metas]),

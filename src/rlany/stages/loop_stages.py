@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlany.jsonl import meta_path
+from rlany.files.jsonl import meta_path
 from rlany.stages.eval_reuse import eval_done  # the base evaluation may be a sibling run's
 from rlany.stages.loop_config import LoopConfig
 

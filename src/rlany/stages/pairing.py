@@ -4,7 +4,7 @@ mismatch a one-line error naming the place.
 
 A judgment belongs to a trajectory when it judged that trajectory, not one of another pool
 or run with the same ids (`check_judgment`): by the digest of the whole trajectory record
-where the judgment carries one (`trajectory_sha256`, `rlany.provenance`), else, for one
+where the judgment carries one (`trajectory_sha256`, `rlany.files.provenance`), else, for one
 `rlany judge` wrote (it carries `responses_sha256`), by its responses and by what its judge
 prompts show of each judged step (its task, observation and response, verbatim). A
 hand-made judgment without either is paired by id and judged steps only."""
@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator
 
 from rlany.chat import text_of
 from rlany.errors import RlanyError
+from rlany.files.provenance import TASK_SHA256, TRAJECTORY_SHA256, task_origin, trajectory_digest
+from rlany.files.records import MODES, Judgment, Trajectory, responses_digest
 from rlany.prompts import clip
-from rlany.provenance import TASK_SHA256, TRAJECTORY_SHA256, task_origin, trajectory_digest
-from rlany.records import MODES, Judgment, Trajectory, responses_digest
 
 
 def paired(trajectories: Iterable[tuple[str, Trajectory]],

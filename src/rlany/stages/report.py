@@ -20,7 +20,7 @@ from pathlib import Path
 from statistics import fmean
 
 from rlany.errors import RlanyError
-from rlany.outputs import write_text_atomic
+from rlany.files.outputs import write_text_atomic
 from rlany.stages.report_read import PLOTS, load_run
 
 __all__ = ["PLOTS", "load_run", "write_report"]

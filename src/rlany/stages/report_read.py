@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from rlany.errors import RlanyError
-from rlany.jsonl import meta_path
+from rlany.files.jsonl import meta_path
 
 PLOTS = [
     ("train_acc", "train accuracy (rollouts)"),

@@ -13,8 +13,8 @@ from typing import Any
 
 from rlany.envs import Environment, OffersEdits, offered_edits
 from rlany.errors import RlanyError
+from rlany.files.records import Lineage, Task
 from rlany.prompts import clip
-from rlany.records import Lineage, Task
 
 _FENCE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rlany.records import Scored
+from rlany.files.records import Scored
 from rlany.stats import side_weights
 
 

@@ -48,8 +48,8 @@ from rlany.engines import (
 )
 from rlany.envs import EnvBusy, Environment, split_obs, state_digest
 from rlany.errors import RlanyError
+from rlany.files.records import Step, Task, Trajectory, traj_id
 from rlany.options import EngineFields, opt
-from rlany.records import Step, Task, Trajectory, traj_id
 from rlany.shards import shard_opt
 from rlany.stages.episode_errors import MAX_ERROR_SHARE, EnvFailed, ErrorBudget, errored, watched
 from rlany.stages.expert import check_expert, expert_result, has_expert
@@ -276,7 +276,7 @@ def _window(messages: list[dict], turns: int | None) -> list[dict]:
 
 
 def _trajectory(e: _Episode, opts: RolloutOptions, policy: dict) -> Trajectory:
-    from rlany.provenance import TASK_SHA256, task_digest
+    from rlany.files.provenance import TASK_SHA256, task_digest
 
     finish = e.finish or "max_steps"
     return Trajectory(traj_id=traj_id(e.task.task_id, opts.iteration, e.sample),
@@ -297,7 +297,7 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     """Read tasks, roll out (resuming a partial output), write trajectories + sidecar."""
     from rlany import shards
     from rlany.console import info
-    from rlany.outputs import ResumableJsonl, write_meta
+    from rlany.files.outputs import ResumableJsonl, write_meta
     from rlany.stageio import (
         GEN_VERSIONS,
         adapter_checks,

@@ -75,8 +75,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rlany.errors import RlanyError
+from rlany.files.records import (
+    Judgment,
+    Scored,
+    ScoredJudgeSample,
+    ScoredStep,
+    TaskStats,
+    Trajectory,
+)
 from rlany.options import opt
-from rlany.records import Judgment, Scored, ScoredJudgeSample, ScoredStep, TaskStats, Trajectory
 from rlany.stages.advantages import Credit, standardize, step_index_advantages
 from rlany.stages.env_reward import OUTCOMES, STEP_SCORES, labels, outcomes
 from rlany.stages.env_reward import step_scores as env_step_scores
@@ -298,9 +305,9 @@ def _consistency(judgment: Judgment | None, t: int, reward: float, rm_keep: bool
 def run(opts: ScoreOptions, engine: object = None) -> dict:
     """Stream trajectories (+ judgments) one task group at a time; write scored + stats."""
     from rlany.console import info
-    from rlany.jsonl import JsonlReader
-    from rlany.outputs import atomic_outputs, write_meta
-    from rlany.provenance import check_judged
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.outputs import atomic_outputs, write_meta
+    from rlany.files.provenance import check_judged
     from rlany.stageio import prepare_paths
 
     started = time.time()

@@ -40,7 +40,7 @@ def run(opts: SftOptions, engine=None, say: Callable[[str], None] = info) -> dic
 
 
 def _plan(opts: SftOptions, path: Path):
-    from rlany.records import Trajectory
+    from rlany.files.records import Trajectory
     from rlany.training.driver import Plan
     from rlany.training.samples import sft_samples
 

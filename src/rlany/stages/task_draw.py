@@ -18,7 +18,7 @@ import math
 import random
 
 from rlany.engines import stable_seed
-from rlany.records import Task
+from rlany.files.records import Task
 
 
 def is_rewrite(task: Task) -> bool:

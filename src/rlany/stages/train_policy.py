@@ -52,7 +52,7 @@ def or_skipped(opts: TrainOptions, train: Callable[[], dict],
     import json
 
     from rlany.errors import NoSamples
-    from rlany.outputs import write_text_atomic
+    from rlany.files.outputs import write_text_atomic
 
     try:
         return train()
@@ -70,7 +70,7 @@ def or_skipped(opts: TrainOptions, train: Callable[[], dict],
 
 
 def _plan(opts: TrainOptions, path: Path):
-    from rlany.records import Scored
+    from rlany.files.records import Scored
     from rlany.training.driver import Plan
     from rlany.training.samples import policy_samples
 

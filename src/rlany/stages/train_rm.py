@@ -51,7 +51,7 @@ def run(opts: TrainRmOptions, engine=None, say: Callable[[str], None] = info) ->
 
 
 def _plan(opts: TrainRmOptions, path: Path):
-    from rlany.records import Scored
+    from rlany.files.records import Scored
     from rlany.training.driver import Plan
 
     if opts.objective == "auto":
@@ -78,9 +78,9 @@ def _plan(opts: TrainRmOptions, path: Path):
 def _auto_objective(path, name: str) -> str:
     """--objective auto: "logloss" (rlany.training.verdict) where the steps with
     reward-model data were judged with bare verdicts (`judge --max-tokens 0`), else "pg"."""
-    from rlany.jsonl import JsonlReader
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.records import Scored
     from rlany.prompts import VERDICT_CHOICES
-    from rlany.records import Scored
 
     bare = None
     for _, record in JsonlReader(path, Scored, "scored", name=name):

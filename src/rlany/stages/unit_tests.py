@@ -12,9 +12,8 @@ from dataclasses import replace
 
 from rlany.engines import Engine, Request, Sampling, stable_seed
 from rlany.errors import RlanyError
-from rlany.prompts import parse_unit_test, unit_test_messages
-from rlany.provenance import judgment_origin
-from rlany.records import (
+from rlany.files.provenance import judgment_origin
+from rlany.files.records import (
     JudgeSample,
     Judgment,
     ScoredJudgeSample,
@@ -22,6 +21,7 @@ from rlany.records import (
     Trajectory,
     responses_digest,
 )
+from rlany.prompts import parse_unit_test, unit_test_messages
 from rlany.stages.advantages import standardize
 from rlany.stages.episode_errors import ERRORED, errored
 

@@ -63,9 +63,9 @@ def _normal_flags(flags: dict) -> dict:  # as compared: paths rewritten, dtype r
 def _expected(rollout: Any, sft: Any) -> dict | None:
     import torch
 
+    from rlany.files.outputs import package_versions
+    from rlany.files.provenance import sha256_file
     from rlany.models import resolve_model
-    from rlany.outputs import package_versions
-    from rlany.provenance import sha256_file
     from rlany.stageio import GEN_VERSIONS
     from rlany.training.model import TRAIN_VERSIONS
 
@@ -111,9 +111,9 @@ def _matches(warm: Path, want: dict, old: str, new: str, key: dict
     """A sibling's complete warm start that is this run's: ((its demos sidecar, its sft
     rlany.json), both rewritten to this run's paths), None; (None, why) where it is
     identical but for what it was made from; (None, None) otherwise."""
-    from rlany.jsonl import meta_path
+    from rlany.files.jsonl import meta_path
+    from rlany.files.provenance import sha256_file
     from rlany.models import weights_digest
-    from rlany.provenance import sha256_file
 
     meta = rewrite(json.loads(meta_path(warm / DEMOS).read_text()), old, new)
     ckpt = rewrite(json.loads((warm / SFT / "rlany.json").read_text()), old, new)
@@ -196,8 +196,8 @@ def _siblings(warm: Path) -> list[Path]:
 def _copy_sibling(warm: Path, want: dict, key: dict) -> tuple[Path | None, str | None]:
     """Copy the first sibling warm start that is this run's into `warm`: (its source, None),
     or (None, why not where one was identical but for what it was made from)."""
-    from rlany.jsonl import meta_path
-    from rlany.outputs import write_text_atomic
+    from rlany.files.jsonl import meta_path
+    from rlany.files.outputs import write_text_atomic
 
     run, why = warm.parent, None
     for src in _siblings(warm):

@@ -130,7 +130,7 @@ def _check_samples(path, opts: TrainFields, plan: Plan) -> tuple | None:
     """Read the input once before any model loads: each record once (`samples.once`), at
     least one sample, every one with a prompt, no negative token id. Returns the highest
     recorded token id and where it is."""
-    from rlany.jsonl import JsonlReader
+    from rlany.files.jsonl import JsonlReader
     from rlany.training.samples import engine_logprobs, once
 
     kept, low, high = 0, None, None  # (token id, where): the extreme recorded token ids
@@ -179,9 +179,9 @@ def _sampled_by_other(record, where: str, opts: TrainFields) -> RlanyError | Non
 
 def _train(opts: TrainFields, plan: Plan, path, base: str, engine, say) -> dict:
     """Load (or borrow) the model once the lock is held, tokenize, train, save."""
-    from rlany.jsonl import JsonlReader
-    from rlany.outputs import write_text_atomic
-    from rlany.provenance import sha256_file
+    from rlany.files.jsonl import JsonlReader
+    from rlany.files.outputs import write_text_atomic
+    from rlany.files.provenance import sha256_file
     from rlany.training.model import borrowed_model, load_model, master_fp32
     from rlany.training.samples import tokenize
     from rlany.training.trainer import train

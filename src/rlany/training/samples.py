@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from rlany.errors import RlanyError
-from rlany.records import Scored, Trajectory
+from rlany.files.records import Scored, Trajectory
 
 R = TypeVar("R", Scored, Trajectory)
 

@@ -239,7 +239,7 @@ def _forward_pass(acc, model, opts: TrainFields, meta: dict, obj: Objective, pad
     import torch
 
     from rlany.compat import accepts_logits_to_keep
-    from rlany.outputs import package_versions
+    from rlany.files.outputs import package_versions
     from rlany.shared_prefix import shareable, shared_logprobs
     from rlany.training.model import TRAIN_VERSIONS, autocast_bf16
     from rlany.training.verdict import choice_logprobs

@@ -6,7 +6,7 @@
 * `dumps` is the one canonical JSON line every writer uses; `meta_path` names a file's
   `X.meta.json` sidecar, and `check_schema_version` refuses one of another schema version.
 
-Writing (atomic, resumable, the sidecar itself) is `rlany.outputs`.
+Writing (atomic, resumable, the sidecar itself) is `rlany.files.outputs`.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any, Generic, TypeVar
 
 from rlany.errors import RlanyError
-from rlany.records import SCHEMA_VERSION, from_json, to_json
+from rlany.files.records import SCHEMA_VERSION, from_json, to_json
 
 R = TypeVar("R")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rlany.errors import RlanyError
-from rlany.jsonl import JsonlReader, meta_path
-from rlany.records import Judgment, Task, TaskStats, Trajectory, to_json
+from rlany.files.jsonl import JsonlReader, meta_path
+from rlany.files.records import Judgment, Task, TaskStats, Trajectory, to_json
 
 TASK_SHA256 = "task_sha256"  # a column: the digest of the task a record answers
 TRAJECTORY_SHA256 = "trajectory_sha256"  # a judgment's column: the trajectory it judged

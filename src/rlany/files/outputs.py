@@ -13,7 +13,7 @@
 * `check_target` is the one rule every writer here applies: an output only ever replaces a
   regular file (or creates a new one), never a device, a FIFO, a socket or a directory.
 
-Lines are `rlany.jsonl.dumps`'s canonical JSON; reading is `rlany.jsonl`.
+Lines are `rlany.files.jsonl.dumps`'s canonical JSON; reading is `rlany.files.jsonl`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import jsonlines
 
 from rlany._testhook import pause
 from rlany.errors import RlanyError
-from rlany.jsonl import JsonlReader, dumps, meta_path
-from rlany.records import SCHEMA_VERSION
+from rlany.files.jsonl import JsonlReader, dumps, meta_path
+from rlany.files.records import SCHEMA_VERSION
 
 
 def check_target(path: str | Path, directory: bool = False) -> None:
@@ -251,7 +251,7 @@ class ResumableJsonl:
             first = _loads_or_none(lines[0]) if lines else None
             # an index from before headers says nothing of its flags or input: not resumed
             if lines and (not isinstance(first, dict) or first != self.header):
-                from rlany.provenance import differing_keys
+                from rlany.files.provenance import differing_keys
                 what = ", ".join(differing_keys(first["header"], self.header["header"])[
                     :4]) if isinstance(first, dict) and "header" in first else "no header"
                 raise RlanyError(
@@ -360,7 +360,7 @@ def write_meta(output: str | Path, *, stage: str, flags: dict[str, Any],
                inputs: list[JsonlReader | dict], counts: dict[str, Any], started: float,
                versions: tuple[str, ...] = ()) -> None:
     """Write the `X.meta.json` sidecar of `output` atomically (nothing for stdout)."""
-    from rlany.provenance import sha256_file
+    from rlany.files.provenance import sha256_file
 
     if str(output) == "-":
         return

@@ -23,7 +23,7 @@ def lock_path(path: str | Path) -> Path:
 def output_state(path: str | Path) -> tuple:
     """What is at an output and its sidecar now (identity, size, mtime; None: nothing):
     taken before a stage's slow start and compared once its lock is held."""
-    from rlany.jsonl import meta_path
+    from rlany.files.jsonl import meta_path
 
     def one(p: str | Path) -> tuple | None:
         try:
