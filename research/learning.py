@@ -122,9 +122,9 @@ def judge_warm_start(config: str, seed: int, sets: list[str], sft: list[str],
     from dataclasses import replace
 
     from rlany.files.jsonl import meta_path
+    from rlany.loop.config import load_config
+    from rlany.loop.launch import command_line
     from rlany.stages import BY_TABLE
-    from rlany.stages.loop_config import load_config
-    from rlany.stages.loop_launch import command_line
 
     out.mkdir(parents=True, exist_ok=True)
     steps, judged, scored = (str(out / f"{n}.jsonl") for n in ("steps", "judgments", "scored"))

@@ -235,7 +235,7 @@ def runs_on(runs: list[dict]) -> list[dict]:
     return [{"cpu": c, "precision": d, "seeds": s} for (c, d), s in groups.items()]
 
 
-# the keys rlany.stages.loop_metrics writes under "seconds"
+# the keys rlany.loop.metrics writes under "seconds"
 STAGE_ORDER = ("rollout", "judge", "score", "train_policy", "train_rm", "adapt")
 
 

@@ -87,7 +87,7 @@ def check_default(default: Path, config: str, seed: int) -> None:
     reward-model settings are unused in a policy-only run and may differ)."""
     import dataclasses
 
-    from rlany.stages.loop_config import load_config
+    from rlany.loop.config import load_config
 
     if not (default / "config.json").exists():
         raise SystemExit(f"--default-from: no run {default} (its config.json is missing)")

@@ -566,7 +566,7 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
         stack.enter_context(mock.patch.object(rlany.training.model, "load_model", load_model))
         stack.enter_context(mock.patch.object(rlany.training.trainer, "train", train))
     if slot.stage == "loop":
-        import rlany.stages.loop
+        import rlany.loop.loop
 
         class Loop:
             def __init__(self, cfg, *args, **kwargs):
@@ -575,7 +575,7 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
             def run(self):
                 raise Stopped(f"{STOPPED} (the loop)")
 
-        stack.enter_context(mock.patch.object(rlany.stages.loop, "Loop", Loop))
+        stack.enter_context(mock.patch.object(rlany.loop.loop, "Loop", Loop))
 
 
 class Outcome(typing.NamedTuple):

@@ -286,7 +286,7 @@ def test_a_changed_config_is_refused_for_the_stages_already_done(echo, finished_
 ])
 def test_without_config_json_each_finished_stage_checks_its_own_record(change, words,
                                                                        finished_run, tmp_path):
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
 
     run, model = finished_run
     (run / "config.json").unlink()
@@ -301,7 +301,7 @@ def test_without_config_json_each_finished_stage_checks_its_own_record(change, w
 
 def test_a_key_written_at_its_default_resumes_the_run_that_left_it_out(finished_run,
                                                                         tmp_path):
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
 
     run, model = finished_run
     written = _config(tmp_path, model, lr=3e-4)  # train-policy's default, now written out
@@ -317,7 +317,7 @@ def test_a_key_the_loop_reads_by_presence_is_not_its_default_left_out(finished_r
                                                                        tmp_path):
     from pathlib import Path
 
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
 
     run, model = finished_run
     config = Path(_config(tmp_path, model))  # `[eval] judge = false`: no judge, unlike none

@@ -162,8 +162,8 @@ def test_a_damaged_shard_summary_is_one_line(work, cli, edit, says):
 def test_a_warm_run_whose_config_writes_the_lr_it_trained_at_resumes(work, cli):
     """A warm start left without [train_policy] lr trains at WARM_LR: writing that value is
     the same config (before: refused as changed); writing another lr is refused."""
-    from rlany.stages.loop_config import load_config
-    from rlany.stages.loop_stages import WARM_LR
+    from rlany.loop.config import load_config
+    from rlany.loop.tables import WARM_LR
 
     config = work / "loop.toml"
     config.write_text(config.read_text() + f'init_policy = "{_adapter(work / "sft")}"\n')

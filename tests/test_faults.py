@@ -150,7 +150,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from test_loop import responder
 from rlany.engines.fake import FakeEngine
-from rlany.stages.loop import Loop, load_config
+from rlany.loop.loop import Loop, load_config
 cfg = load_config({config!r})
 loop = Loop(cfg, {config!r})
 loop._engine = FakeEngine(responder, model="fake")

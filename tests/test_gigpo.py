@@ -254,7 +254,7 @@ def test_gigpo_flags_need_gigpo(tmp_path):
 
 
 def test_loop_metrics_and_report(tmp_path):
-    from rlany.stages.loop_metrics import collect_metrics
+    from rlany.loop.metrics import collect_metrics
     from rlany.stages.report import write_report
 
     it = tmp_path / "iter_000"

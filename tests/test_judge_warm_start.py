@@ -194,7 +194,7 @@ def _responder(request, k):
 
 def _run(config, **kw):
     from rlany.engines.fake import FakeEngine
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
 
     cfg = load_config(config, kw)
     loop = Loop(cfg, config)
@@ -222,7 +222,7 @@ def test_a_loop_judges_from_init_rm(tmp_path, tiny_model, warm_judge):
 
 
 def test_init_rm_and_the_retired_keys_are_checked_at_load(tmp_path, tiny_model):
-    from rlany.stages.loop_config import load_config
+    from rlany.loop.config import load_config
 
     config = _config(tmp_path, tiny_model)
     with pytest.raises(RlanyError, match="init_rm .* is not a LoRA adapter") as e:
@@ -247,7 +247,7 @@ def test_init_rm_and_the_retired_keys_are_checked_at_load(tmp_path, tiny_model):
 def test_a_run_from_before_the_recipe_still_resumes(tmp_path, tiny_model):
     """A run directory begun when the loop had judge_warm_start (false, with a [judge_sft]
     table that made nothing) resumes; one whose judge warm start ran is refused."""
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
 
     config = _config(tmp_path, tiny_model)
     loop = Loop(load_config(config), config)

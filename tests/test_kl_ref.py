@@ -92,7 +92,7 @@ def test_a_fixed_reference_pulls_the_policy_back(tiny_model, tiny_lora, tmp_path
 
 
 def test_the_loop_resolves_init_to_the_runs_first_model():
-    from rlany.stages.loop_stages import _kl_init
+    from rlany.loop.tables import _kl_init
 
     def lp(tables, policy=None, rm=None):
         return SimpleNamespace(cfg=SimpleNamespace(tables=tables), init_policy=policy,
@@ -109,7 +109,7 @@ def test_the_loop_resolves_init_to_the_runs_first_model():
 
 
 def test_a_warm_policy_trains_at_the_warm_lr_unless_its_config_gives_one():
-    from rlany.stages.loop_stages import WARM_LR, _train_policy_forced
+    from rlany.loop.tables import WARM_LR, _train_policy_forced
 
     def lp(table, policy="runs/x/warm_start/sft"):
         return SimpleNamespace(cfg=SimpleNamespace(tables={"train_policy": table}),
@@ -143,7 +143,7 @@ def test_cli_kl_ref_mistakes_are_one_line(tiny_model, tmp_path, cli, flags, code
 def test_loop_kl_ref_init_anchors_every_iteration_to_the_warm_start(tmp_path, tiny_model):
     from pathlib import Path
 
-    from rlany.stages.loop_stages import WARM_LR
+    from rlany.loop.tables import WARM_LR
     from test_sft import _run_warm, _warm_config
 
     config = Path(_warm_config(tmp_path, tiny_model))
@@ -161,7 +161,7 @@ def test_loop_checks_a_kl_ref_adapter_at_load(tmp_path, tiny_model):
     from pathlib import Path
 
     from rlany.errors import RlanyError
-    from rlany.stages.loop import load_config
+    from rlany.loop.loop import load_config
     from test_sft import _warm_config
 
     config = Path(_warm_config(tmp_path, tiny_model))

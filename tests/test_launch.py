@@ -15,7 +15,7 @@ import pytest
 
 from conftest import read_jsonl
 from rlany.errors import RlanyError
-from rlany.stages.loop_config import load_config
+from rlany.loop.config import load_config
 from test_plan import rlany, setup_run
 
 # outcome only, no judge, no adaptation, no evaluation: rollout, score, train-policy
@@ -133,7 +133,7 @@ def test_a_launched_trainer_dies_with_the_loop(tmp_path):
     lock against the rerun."""
     import subprocess
 
-    code = ("import sys\nfrom rlany.stages.loop_launch import run_launched\n"
+    code = ("import sys\nfrom rlany.loop.launch import run_launched\n"
             "run_launched([sys.executable, '-c', 'import time; print(\"up\", flush=True); "
             "time.sleep(120)'], 'train-policy', sys.argv[1], lambda: True)\n")
     loop = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "policy")],
@@ -168,7 +168,7 @@ def test_a_rerun_names_the_process_that_still_holds_the_trainers_lock(tmp_path):
     """A trainer that outlived its loop still holds its checkpoint's lock: the rerun
     starts no second trainer and says which process holds it, in one line."""
     from rlany.files.locks import output_lock
-    from rlany.stages.loop_launch import run_launched
+    from rlany.loop.launch import run_launched
 
     out, marker = tmp_path / "policy", tmp_path / "ran"
     argv = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
@@ -289,7 +289,7 @@ def test_two_launched_processes_train_as_one_does(tmp_path, tiny_model):
     ("accelerate launch --config_file examples/accelerate/multinode-2x8.yaml", 16),
     ("python", 1), ("python -m torch.distributed.run --nproc_per_node 2", 2)])
 def test_the_world_size_is_read_from_the_launchers_own_options(line, world, monkeypatch):
-    from rlany.stages.loop_launch import world_size
+    from rlany.loop.launch import world_size
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}"

@@ -8,8 +8,9 @@ underscore) of the PUBLIC modules:
     rlany.cli               the CLI
     rlany.stages, .stages.* the stage layer: each command's options and function, and the
                             public helpers of its modules (`stages.eval.wilson_interval`)
-    rlany.files.records           the records every stage reads and writes (the data contract)
-    rlany.files.jsonl             their files
+    rlany.loop, .loop.*     the loop above them: its config and the commands it runs
+    rlany.files.records     the records every stage reads and writes (the data contract)
+    rlany.files.jsonl       their files
     rlany.envs              the env seam a user's env plugs into (the Protocol, the registry
                             and its entry points, `make_env`); not the built-in envs
                             (`rlany.envs.household`, ...)
@@ -39,9 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 RESEARCH, BENCHMARKS = ROOT / "research", ROOT / "benchmarks"
 
-PUBLIC = {"rlany", "rlany.cli", "rlany.stages", "rlany.files.records", "rlany.files.jsonl", "rlany.envs",
-          "rlany.models", "rlany.stats"}
-PUBLIC_TREES = ("rlany.stages.",)  # every module under these, too
+PUBLIC = {"rlany", "rlany.cli", "rlany.stages", "rlany.loop", "rlany.files.records",
+          "rlany.files.jsonl", "rlany.envs", "rlany.models", "rlany.stats"}
+PUBLIC_TREES = ("rlany.stages.", "rlany.loop.")  # every module under these, too
 
 # The judge investigation measures the judge as the product builds and trains it: its
 # prompts, its verdict token and train-rm's loss are the object of study, so these scripts

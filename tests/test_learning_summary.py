@@ -55,7 +55,7 @@ def test_every_stage_the_loop_times_has_its_mean(tmp_path):
 
     from learning_summary import STAGE_ORDER
 
-    from rlany.stages.loop_metrics import collect_metrics
+    from rlany.loop.metrics import collect_metrics
     for i, name in enumerate(("trajectories", "judgments", "scored", "next_tasks", "eval")):
         (tmp_path / f"{name}.meta.json").write_text(json.dumps({"wall_time_s": 10.0 + i}))
     for i, kind in enumerate(("policy", "rm")):

@@ -15,8 +15,8 @@ from rlany.engines.fake import FakeEngine
 from rlany.envs.reasoning import make_tasks
 from rlany.errors import RlanyError
 from rlany.files.records import Lineage, Task, TaskStats
+from rlany.loop.loop import Loop, load_config
 from rlany.stages.adapt_tasks import AdaptOptions, acceptance, decide
-from rlany.stages.loop import Loop, load_config
 from rlany.stages.rewrites import parse_spec
 
 OPTS = AdaptOptions(alpha_high=0.8, alpha_low=0.2)
@@ -235,7 +235,7 @@ def test_ablation_switches_change_what_runs(tmp_path, tiny_model):
 def test_a_pool_sharing_tasks_with_eval_tasks_is_named(tmp_path, monkeypatch, capsys):
     """Success on eval tasks the pool also holds is not held-out: a choice (success on the
     pool itself), so named on stderr, not refused; disjoint files say nothing."""
-    from rlany.stages.loop_config import _check_files
+    from rlany.loop.config import _check_files
 
     monkeypatch.chdir(tmp_path)
     tasks = make_tasks(3, seed=0)
@@ -495,7 +495,7 @@ def test_eval_judge_false_stops_the_evaluations_judge_even_with_a_trained_one(tm
     mid.toml). Left out, the evaluation still measures the trained judge."""
     from types import SimpleNamespace
 
-    from rlany.stages.loop_stages import EVAL
+    from rlany.loop.tables import EVAL
     monkeypatch.chdir(tmp_path)
     write_jsonl(tmp_path / "t.jsonl", make_tasks(2, seed=0))
     config = tmp_path / "c.toml"

@@ -9,9 +9,9 @@ import pytest
 
 from rlany.cli import app
 from rlany.errors import RlanyError
+from rlany.loop.config import load_config
 from rlany.options import flag, specs, to_argv
 from rlany.stages import BY_TABLE
-from rlany.stages.loop_config import load_config
 
 TABLES = BY_TABLE
 

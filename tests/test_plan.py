@@ -218,7 +218,7 @@ def test_a_plans_servers_load_the_models_files_and_count_this_hosts_gpus_once(tm
 def test_a_shard_resumed_with_errors_joins_to_a_success_rate_within_the_shards():
     """A resumed shard's rate is over the episodes this run played (`ran`), its `errored`
     over the whole output: the joined success rate weights each rate by its own `ran`."""
-    from rlany.stages.loop_shards import combine
+    from rlany.loop.shards import combine
 
     resumed = {"trajectories": 8, "new_trajectories": 2, "errored": 4, "ran": 2,
                "success_rate": 0.5}
@@ -234,7 +234,7 @@ def _shards(tmp_path: Path, n: int) -> tuple[Path, list[Path]]:
     sha256) and trajectories.jsonl, their join in shard order by `cat`."""
     import hashlib
 
-    from rlany.stages.loop_shards import shard_paths
+    from rlany.loop.shards import shard_paths
 
     out = tmp_path / "trajectories.jsonl"
     parts = shard_paths(out, n)
@@ -257,7 +257,7 @@ def test_shards_joined_out_of_order_are_joined_again_by_the_loop_refused_by_a_pl
     refuses it in one line and writes nothing; the loop joins the shards again in shard
     order; a shard changed after its sidecar was written is refused."""
     from rlany.errors import RlanyError
-    from rlany.stages.loop_shards import adopt
+    from rlany.loop.shards import adopt
 
     out, parts = _shards(tmp_path, 12)
     globbed = sorted(parts, key=lambda p: p.name)
@@ -283,7 +283,7 @@ def test_shards_of_different_runs_are_not_joined(tmp_path):
     its sidecar and `cat` joins them to the right size, yet they are not one run's. The
     loop refuses the join in one line naming a shard; shards that agree are adopted."""
     from rlany.errors import RlanyError
-    from rlany.stages.loop_shards import adopt
+    from rlany.loop.shards import adopt
 
     out, parts = _shards(tmp_path, 4)
     assert adopt(str(out), write=False)  # their own shard, output and endpoint differ
@@ -303,9 +303,9 @@ def test_a_plans_base_evaluation_is_recorded_for_sharing_once_confirmed(tmp_path
     digest taken when the plan was printed); the loop that accepts the evaluation keeps
     it as the record (`eval_base.content.json`, what siblings share by) where the model is
     unchanged, and records none where the model changed in between."""
-    from rlany.stages.eval_reuse import content_key, content_path, eval_done, planned_path
-    from rlany.stages.loop_config import load_config
-    from rlany.stages.loop_plan import Plan
+    from rlany.loop.config import load_config
+    from rlany.loop.eval_reuse import content_key, content_path, eval_done, planned_path
+    from rlany.loop.plan import Plan
 
     run = setup_run(tmp_path, tiny_model, keys='eval_tasks = "eval.jsonl"')
     monkeypatch.chdir(run)
@@ -464,7 +464,7 @@ def test_a_plan_of_learn_toml_in_3_shards_gives_every_shard_work(tmp_path, tiny_
 
 
 def test_batches_are_sized_for_the_shards_only_where_needed():
-    from rlany.stages.loop_batches import even_limit
+    from rlany.loop.batches import even_limit
 
     assert even_limit([1] * 16, 3, 16) == 6
     assert even_limit([1] * 16, 2, 8) == 8       # already 2 batches: the config's

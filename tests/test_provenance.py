@@ -266,7 +266,7 @@ def test_a_bad_path_in_the_config_writes_nothing_and_the_fix_runs(tmp_path, tiny
 def test_a_config_changed_before_any_stage_ran_is_taken(tmp_path, tiny_model):
     """A run directory whose config.json was written but no stage finished (a crash before
     the first stage) takes the corrected config; once a stage ran it is refused."""
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
 
     config = _loop_config(tmp_path, tiny_model, iterations=1)
     run = tmp_path / "runs" / "run"

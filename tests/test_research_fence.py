@@ -1,7 +1,7 @@
 """No product path sets a research switch. A field with `opt(..., diagnostic=True)` is for
 an experiment that asks for it (`--set`, a flag, research/); `rlany loop` and every command
 line the product builds leave it at its default, so what a user runs is the method as
-documented. Two checks: every Stage of the loop's tables (`rlany.stages.loop_stages`), on a
+documented. Two checks: every Stage of the loop's tables (`rlany.loop.tables`), on a
 config that turns on every stage the loop has, sets no research field (neither in its
 `forced` values nor in the paths it sets, and the options it runs with hold each at its
 default); and no module of src/rlany writes a research flag into a command line (a list or
@@ -25,14 +25,14 @@ def research_fields(cls: type) -> set[str]:
 
 
 def stage_tables() -> list[tuple[str, object]]:
-    """(name, Stage) of every Stage that rlany.stages.loop_stages defines, alone or in a
+    """(name, Stage) of every Stage that rlany.loop.tables defines, alone or in a
     table, so a table added there is checked without a change here."""
-    from rlany.stages import loop_stages
+    from rlany.loop import tables
 
     found = []
-    for name, value in vars(loop_stages).items():
+    for name, value in vars(tables).items():
         stages = value if isinstance(value, tuple) else (value,)
-        if stages and all(isinstance(s, loop_stages.Stage) for s in stages):
+        if stages and all(isinstance(s, tables.Stage) for s in stages):
             found += [(f"{name}[{i}] {s.table}" if isinstance(value, tuple) else name, s)
                       for i, s in enumerate(stages)]
     return found
@@ -41,7 +41,7 @@ def stage_tables() -> list[tuple[str, object]]:
 def research_set_by(loop, stage) -> list[str]:
     """The research fields `stage` sets in `loop` (its forced values, the paths it sets),
     and those its final options hold at another value than their default."""
-    from rlany.stages.loop_resume import _Planned
+    from rlany.loop.resume import _Planned
 
     cls = BY_TABLE[stage.table].options
     research = research_fields(cls)
@@ -57,7 +57,7 @@ def _loop(tmp_path: Path):
     """A loop whose config runs every stage the tables have (warm start, a judge start,
     step feedback, judge training with a replay buffer, task adaptation, evaluations, KL
     anchors at the first models) and sets no research field itself."""
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(Path("examples/household/learn_tasks.jsonl").read_text())
@@ -96,7 +96,7 @@ def test_no_loop_stage_sets_a_research_switch(tmp_path):
 
 
 def test_the_stage_check_catches_a_forced_research_switch(tmp_path):
-    from rlany.stages.loop_stages import STAGES, Stage
+    from rlany.loop.tables import STAGES, Stage
 
     loop = _loop(tmp_path)
     score = next(s for s in STAGES if s.table == "score")

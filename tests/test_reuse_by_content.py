@@ -2,8 +2,8 @@
 the content it was made from, not by names and paths: a model directory's weights or fake
 script changed in place, an OpenEnv server behind the same URL, a warm start's base model
 changed since: nothing is shared, the run evaluates (or trains) afresh and says why in one
-line; with nothing changed the sharing still happens (`rlany.stages.eval_reuse`,
-`rlany.stages.warm_reuse`)."""
+line; with nothing changed the sharing still happens (`rlany.loop.eval_reuse`,
+`rlany.loop.warm_reuse`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from conftest import write_jsonl
 from rlany.files.records import Task
-from rlany.stages.loop import Loop, load_config
+from rlany.loop.loop import Loop, load_config
 
 QUESTION = {"question": "What is 2 + 3?", "answer": "5"}
 PROMPT = "Solve the problem. Give the final answer as a number in \\boxed{}."

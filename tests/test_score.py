@@ -326,8 +326,8 @@ def test_step_scores_label_puts_the_env_labels_in_place_of_the_judge():
 
 
 def test_the_loop_skips_the_judge_when_nothing_reads_its_verdicts():
-    from rlany.stages.loop_config import LoopConfig
-    from rlany.stages.loop_stages import _judged
+    from rlany.loop.config import LoopConfig
+    from rlany.loop.tables import _judged
 
     labels = {"score": {"step_scores": "label"}}
     assert not _judged(LoopConfig(name="u", tasks="t", rm_training=False,

@@ -131,7 +131,7 @@ def test_loop_starts_from_init_policy(tmp_path, tiny_model, tiny_lora):
 
 
 def test_a_run_from_before_init_policy_still_resumes(tmp_path, tiny_model):
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
     from test_loop import _config
 
     config = _config(tmp_path, tiny_model)
@@ -148,7 +148,7 @@ def test_a_run_from_before_init_policy_still_resumes(tmp_path, tiny_model):
 
 
 def test_vllm_serves_the_warm_start_adapters_rank(tmp_path, tiny_model, tiny_lora):
-    from rlany.stages.loop import load_config
+    from rlany.loop.loop import load_config
     from test_loop import _config
 
     config = _config(tmp_path, tiny_model)   # trains rank 4; tiny_lora has rank 8
@@ -179,7 +179,7 @@ def write_lines(path, src, n, skip=0):
 
 def _run_warm(config, **kw):
     from rlany.engines.fake import FakeEngine
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
 
     loop = Loop(load_config(config, kw), config)
     loop._engine = FakeEngine.from_rules([{"responses": ["1", "2", "3", "4", "5"]}])
@@ -232,8 +232,8 @@ def test_sibling_runs_share_an_identical_warm_start_and_its_evaluation(tmp_path,
     and eval_init.json (its own paths in them, `reused_from` saying whence); another seed
     or another sft setting makes its own."""
     from rlany.engines.fake import FakeEngine
+    from rlany.loop.loop import Loop, load_config
     from rlany.models import resolve_model
-    from rlany.stages.loop import Loop, load_config
 
     config = _warm_config(tmp_path, tiny_model)
 

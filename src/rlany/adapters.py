@@ -20,7 +20,7 @@ be told apart here: that is for content digests, not shapes.
 
 Every command that loads an adapter on a base model calls this first: the trainers
 (`training.driver`: --adapter and --kl-ref); rollout / judge / eval `--adapter` and the
-loop's `init_policy` call it where they check their adapters (`stageio`, `loop_config`).
+loop's `init_policy` call it where they check their adapters (`stageio`, `loop.config`).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def loop_cmd(
     """Run the closed loop: rollout -> judge -> score -> train-policy -> train-rm ->
     adapt-tasks (+ eval), one directory per iteration under runs/NAME/. Rerunning the same
     command after a kill skips finished stages and resumes the interrupted one."""
-    from rlany.stages.loop import Loop, load_config
+    from rlany.loop.loop import Loop, load_config
 
     overrides = {k: v for k, v in {"name": name, "iterations": iterations, "seed": seed,
                                    "runs_dir": runs_dir, "step_feedback": step_feedback,
@@ -104,7 +104,7 @@ def loop_cmd(
                          "it (a plan is the next iteration)")
     cfg = load_config(config, overrides, sets=set_ or [])
     if print_plan:
-        from rlany.stages.loop_plan import Plan, loop_command
+        from rlany.loop.plan import Plan, loop_command
 
         plan = Plan(cfg, loop_command(config, overrides, set_ or []))
         Loop(cfg, config, plan=plan).run()

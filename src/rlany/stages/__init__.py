@@ -1,6 +1,6 @@
 """The stages: one module per `rlany` command, named after it, each read top to bottom
 (options class, the pure logic, the file driver `run`), and the registry of the commands
-that share that shape, read by the CLI (`rlany.cli`) and by the loop (`rlany.stages.loop`).
+that share that shape, read by the CLI (`rlany.cli`) and by the loop (`rlany.loop.loop`).
 
     rollout.py       rollout        tasks -> trajectories (the policy acts in the env)
     judge.py         judge          trajectories -> judgments (the reward model's verdicts)
@@ -10,7 +10,6 @@ that share that shape, read by the CLI (`rlany.cli`) and by the loop (`rlany.sta
     sft.py           sft            trajectories -> a warm-start policy checkpoint
     adapt_tasks.py   adapt-tasks    tasks + stats + critiques -> the next task pool
     eval.py          eval           held-out tasks -> success, pass@k (and the judge's accuracy)
-    loop.py          loop           all of the above, one directory per iteration
     report.py        report         a run directory -> plots and tables
 
 Beside them, what only stages use: pairing.py (trajectories with their judgments, for
@@ -19,13 +18,11 @@ unit-tests mode: the judge's tests run on the programs, score's test rewards), c
 (adapt-tasks' critique summary), adapt_decide.py and adapt_propose.py (adapt-tasks'
 acceptance and proposals), edit_choice.py (its menu shuffle and learnability choice),
 rewrites.py (adapt-tasks' proposals read, and the candidate tasks they become),
-task_draw.py (rollout's `--sample-tasks` draw), eval_reuse.py (the base evaluation shared
-by the runs of one runs directory), loop_config.py, loop_stages.py (the loop's stage tables),
-loop_metrics.py, loop_launch.py (training under `[launch] train`), loop_plan.py and
-loop_shards.py (`loop --print-plan`'s script and its sharded stages), expert.py (`rollout
+task_draw.py (rollout's `--sample-tasks` draw), expert.py (`rollout
 --expert`, `judge --labels`: the env's expert instead of a model) and resume.py (a killed
 rollout's or judge's batch played again whole).
-The shared trainer is `rlany.training`, the file plumbing `rlany.stageio`.
+The loop that drives them is `rlany.loop`, above this package; the shared trainer is
+`rlany.training`, the file plumbing `rlany.stageio`.
 """
 
 from __future__ import annotations

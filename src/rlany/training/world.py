@@ -6,7 +6,7 @@ starts 2 trainers that each see a world of 1 and race to write the same checkpoi
 `accelerate launch --cpu --num_processes 2` quietly runs one process. So the trainer
 compares the group accelerate formed (`PartialState().num_processes`) with the size asked
 for, before it loads a model: `RLANY_WORLD_SIZE`, which `rlany loop` (and its printed plan)
-sets from the launcher's own options (`rlany.stages.loop_launch.world_size`), else
+sets from the launcher's own options (`rlany.loop.launch.world_size`), else
 torch's `WORLD_SIZE`, which torchrun gives every process it starts. A mismatch is refused
 in one line by every process; the checkpoint's `rlany.json` records `world_size`.
 """

@@ -24,7 +24,7 @@ them), a hub id, and tasks of an env whose episodes depend on more than the task
 rlany's code (`openenv`: a server behind a URL or a command; `miniwob`: a browser;
 `alfworld`: game files; any plug-in). The loop says why in one line when a sibling has
 that evaluation. The warm start's evaluation (`eval_init.json`) is shared the same way (the
-warm start itself by `rlany.stages.warm_reuse`): its summary and sidecar then name this
+warm start itself by `rlany.loop.warm_reuse`): its summary and sidecar then name this
 run's adapter paths. A `--print-plan` script records its evaluation as the loop does, from
 a digest taken when the plan is printed, which the loop that accepts the evaluation
 confirms against a fresh one (`planned_path`).

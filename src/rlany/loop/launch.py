@@ -1,5 +1,5 @@
 """The loop config's `[launch]` table: how the training stages run, and what the plan that
-`rlany loop CONFIG --print-plan` writes starts (`rlany.stages.loop_plan`).
+`rlany loop CONFIG --print-plan` writes starts (`rlany.loop.plan`).
 
     [launch]
     train = "accelerate launch --config_file examples/accelerate/ddp-8gpu.yaml"

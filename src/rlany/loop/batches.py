@@ -83,11 +83,11 @@ def _work(loop: Any, table: str, opts: Any, it: int) -> list[int] | None:
     if pool.exists():
         tasks = read_tasks(pool)[0]
     else:  # not yet copied (a plan): what the loop's `_pool` will copy
-        from rlany.stages.loop_stages import _pending
+        from rlany.loop.tables import pending_candidates
 
         src = d / "tasks.jsonl" if (d / "tasks.jsonl").exists() else Path(loop.cfg.tasks) \
             if it == 0 else loop.dir / f"iter_{it - 1:03d}" / "next_tasks.jsonl"
-        pending = _pending(loop, it)
+        pending = pending_candidates(loop, it)
         if not src.exists():
             return None
         tasks = read_tasks(src)[0] + (read_tasks(pending, allow_empty=True)[0]

@@ -1,30 +1,48 @@
 """The loop's stage tables: which command runs in which order, on which paths, with what
-forced, and how each one's completion is seen (the `Loop` in `rlany.stages.loop` runs them)."""
+forced, and how each one's completion is seen (the `Loop` in `rlany.loop.loop` runs them;
+the tables see it as a `Run`, what they read of it)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rlany.files.jsonl import meta_path
-from rlany.stages.eval_reuse import eval_done  # the base evaluation may be a sibling run's
-from rlany.stages.loop_config import LoopConfig
+from rlany.loop.config import LoopConfig
+from rlany.loop.eval_reuse import eval_done  # the base evaluation may be a sibling run's
 
-if TYPE_CHECKING:
-    from rlany.stages.loop import Loop
+
+class Run(Protocol):
+    """What a stage table reads of the run it names files for: `rlany.loop.loop.Loop`, or
+    `rlany.loop.resume`'s view of it that looks up no checkpoint."""
+
+    cfg: LoopConfig
+    dir: Path
+
+    @property
+    def init_policy(self) -> str | None: ...
+
+    @property
+    def init_rm(self) -> str | None: ...
+
+    def latest(self, kind: str, before: int) -> str | None: ...
+
+    def rm_input(self, d: Path, it: int) -> str: ...
+
+    def joined(self, out: Path, older: list[Path], done: Path, why: str, *now: Path) -> str: ...
 
 
 @dataclass(frozen=True)
 class Stage:
     table: str  # config table = the command's options class (rlany.stages.BY_TABLE)
     done: Callable[[Any], Path]  # the file whose presence marks the stage complete
-    io: Callable[[Loop, Path, int], dict]  # the paths and adapters the loop sets
+    io: Callable[[Run, Path, int], dict]  # the paths and adapters the loop sets
     enabled: Callable[[LoopConfig], bool] = lambda cfg: True
     engine: bool = True  # a generating command gets the engine (False: it needs none here)
     # values that win over the config's table (the table's own values win over `io`)
-    forced: Callable[[Loop], dict] = lambda lp: {}
+    forced: Callable[[Run], dict] = lambda lp: {}
     # a trainer with nothing to learn from is skipped, the model staying as it was: the loop
     # passes `--skipped DIR/TABLE.skipped.json`, which the trainer writes (`skip_file`)
     may_skip: bool = False
@@ -50,7 +68,7 @@ def _ckpt(opts: Any) -> Path:  # a checkpoint directory is complete with its rla
     return Path(opts.output) / "rlany.json"
 
 
-def _kl_init(lp: Loop, table: str) -> dict:
+def _kl_init(lp: Run, table: str) -> dict:
     """`kl_ref = "init"`: the KL's reference is the run's first model of that kind (the
     warm start's adapter or init_rm, else the base model), the same one in every
     iteration."""
@@ -65,7 +83,7 @@ def _kl_init(lp: Loop, table: str) -> dict:
 WARM_LR = 1e-4
 
 
-def _train_policy_forced(lp: Loop) -> dict:
+def _train_policy_forced(lp: Run) -> dict:
     """A policy that starts warm (`init_policy` or `warm_start`) and whose config gives no
     `[train_policy] lr` (nor `full`) trains at WARM_LR; `kl_ref = "init"` resolved."""
     table = lp.cfg.tables.get("train_policy", {})
@@ -86,7 +104,7 @@ def skip_file(d: Path, table: str) -> str:
     return f"{d}/{table}.skipped.json"
 
 
-def _history(lp: Loop, d: Path, it: int) -> str | None:
+def _history(lp: Run, d: Path, it: int) -> str | None:
     """`[adapt_tasks] rewrite = "learnability"`: what it estimates from, the decisions of
     the earlier iterations, joined into edit_history.jsonl (None before any)."""
     if lp.cfg.tables.get("adapt_tasks", {}).get("rewrite") != "learnability" or it == 0:
@@ -96,7 +114,9 @@ def _history(lp: Loop, d: Path, it: int) -> str | None:
                      'rewrite = "learnability"')
 
 
-def _pending(loop: Loop, it: int) -> str | None:
+def pending_candidates(loop: Run, it: int) -> str | None:
+    """Last iteration's candidates.jsonl, which this iteration's rollout also plays (None:
+    none pending)."""
     prev = loop.dir / f"iter_{it - 1:03d}" / "candidates.jsonl"
     return str(prev) if it > 0 and prev.exists() else None
 
@@ -124,7 +144,7 @@ STAGES = (
     Stage("adapt_tasks", _meta, lambda lp, d, it: dict(
         input=f"{d}/tasks.jsonl", stats=f"{d}/task_stats.jsonl",
         judgments=f"{d}/judgments.jsonl" if _judged(lp.cfg) else None,
-        trajectories=f"{d}/trajectories.jsonl", pending=_pending(lp, it),
+        trajectories=f"{d}/trajectories.jsonl", pending=pending_candidates(lp, it),
         output=f"{d}/next_tasks.jsonl", candidates=f"{d}/candidates.jsonl",
         decisions=f"{d}/decisions.jsonl", iteration=it, history=_history(lp, d, it),
         held_out=lp.cfg.eval_tasks),  # never adapted into a held-out task
@@ -132,8 +152,8 @@ STAGES = (
 )
 
 
-def _warm_shape(lp: Loop) -> dict:
-    from rlany.stages.loop_config import WARM_SHAPE
+def _warm_shape(lp: Run) -> dict:
+    from rlany.loop.config import WARM_SHAPE
 
     policy = lp.cfg.options("train_policy", input="-", output="-")
     return {k: getattr(policy, k) for k in WARM_SHAPE}

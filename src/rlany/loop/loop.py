@@ -15,7 +15,7 @@ warm-start adapter such as `rlany sft`'s, which iteration 0 starts from), eval_i
 rollout --expert`: the env's expert plays every pool task once, in the policy's prompts) and
 sft/ (`rlany sft` on them, `[sft]` settings, `[train_policy]`'s LoRA shape). A sibling run
 in the same runs directory that made the identical warm start (and its evaluation) lends
-its copy instead (`rlany.stages.warm_reuse`, as `eval_reuse` does for the base evaluation).
+its copy instead (`rlany.loop.warm_reuse`, as `eval_reuse` does for the base evaluation).
 `init_rm` (a judge adapter such as `rlany train-rm`'s) is the judge's start: iteration 0
 judges with it, train-rm continues it (docs/stages/loop.md's supervised judge makes one).
 
@@ -38,9 +38,9 @@ Ablations are switches: `step_feedback` (false: outcome-only reward, lambda = 0)
 `rm_training`, `env_adaptation`.
 
 `[launch] train` runs the trainers under a launcher, in processes of their own, the engine
-closed meanwhile (`rlany.stages.loop_launch`). `--print-plan` runs nothing: the same walk
+closed meanwhile (`rlany.loop.launch`). `--print-plan` runs nothing: the same walk
 through the stages writes the commands of what is left of the next iteration as a bash
-script (`rlany.stages.loop_plan`); `--stop-after N` stops once iteration N is done.
+script (`rlany.loop.plan`); `--stop-after N` stops once iteration N is done.
 """
 
 from __future__ import annotations
@@ -57,18 +57,18 @@ from typing import Any
 from rlany.console import info
 from rlany.errors import RlanyError
 from rlany.files.jsonl import meta_path
-from rlany.stages import BY_TABLE
-from rlany.stages.loop_config import LoopConfig, load_config
-from rlany.stages.loop_metrics import write_metrics
-from rlany.stages.loop_stages import (
+from rlany.loop.config import LoopConfig, load_config
+from rlany.loop.metrics import write_metrics
+from rlany.loop.tables import (
     EVAL,
     STAGES,
     WARM_START,
     Stage,
-    _pending,
     eval_judge,
+    pending_candidates,
 )
-from rlany.stages.warm_reuse import share_warm_start
+from rlany.loop.warm_reuse import share_warm_start
+from rlany.stages import BY_TABLE
 
 __all__ = ["Loop", "LoopConfig", "load_config"]
 
@@ -76,7 +76,7 @@ __all__ = ["Loop", "LoopConfig", "load_config"]
 class Loop:
     """Runs the iterations of one config; every stage checks its own completion first.
     With `one_stage`, it runs the next incomplete stage and returns its command; with
-    `stop_after`, it stops once that iteration is done; with `plan` (a `loop_plan.Plan`) it
+    `stop_after`, it stops once that iteration is done; with `plan` (a `plan.Plan`) it
     runs and writes nothing, and the plan takes each command down instead."""
 
     def __init__(self, cfg: LoopConfig, config_path: str, one_stage: bool = False,
@@ -159,10 +159,10 @@ class Loop:
 
     def _init_run_dir(self) -> None:
         """Echo the resolved config into config.json, once it is checked against what the
-        run directory holds (`rlany.stages.loop_resume`): the echo of a started run, and
+        run directory holds (`rlany.loop.resume`): the echo of a started run, and
         the options every finished stage recorded, whether or not config.json survives."""
         from rlany.files.outputs import write_text_atomic
-        from rlany.stages.loop_resume import check_echo, check_finished
+        from rlany.loop.resume import check_echo, check_finished
 
         config = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "path"}
         resolved = json.dumps(config, indent=2, sort_keys=True, allow_nan=False) + "\n"
@@ -214,7 +214,7 @@ class Loop:
         if self.plan is not None:
             self.plan.stage(self, stage, d, it, io)
             return None
-        from rlany.stages.loop_launch import command_line, run_launched
+        from rlany.loop.launch import command_line, run_launched
 
         argv = command_line(self.cfg, command, opts)
         info("loop: $ " + shlex.join(argv))
@@ -233,9 +233,9 @@ class Loop:
 
     def complete(self, stage: Stage, opts: Any) -> bool:
         """A stage's output is complete: its sidecar or checkpoint, a trainer's `skipped`
-        file, or the joined outputs of a plan's shards (`loop_shards.adopt`, whose sidecar
+        file, or the joined outputs of a plan's shards (`shards.adopt`, whose sidecar
         the loop then writes). A plan looks without writing anything (no evaluation shared)."""
-        from rlany.stages.loop_shards import adopt
+        from rlany.loop.shards import adopt
 
         planning = self.plan is not None
         done = meta_path(opts.output) if planning and stage is EVAL else stage.done(opts)
@@ -246,7 +246,7 @@ class Loop:
     def _release_engine(self) -> None:
         if self._engine is None:
             return
-        from rlany.stages.loop_launch import free_memory
+        from rlany.loop.launch import free_memory
 
         info("loop: engine closed, the launched trainer has the devices (the next stage "
              "that generates starts it again)")
@@ -262,7 +262,7 @@ class Loop:
 
     def options(self, stage: Stage, d: Path, it: int, **io: Any) -> Any:
         """The options `stage` runs with in directory `d` of iteration `it`."""
-        from rlany.stages.loop_batches import sized
+        from rlany.loop.batches import sized
 
         opts = self.cfg.options(stage.table, **{**stage.io(self, d, it), **io})
         opts = dataclasses.replace(opts, **stage.forced(self))
@@ -281,7 +281,7 @@ class Loop:
             self._copy(src, pool)
         out = d / "rollout_tasks.jsonl"
         if not out.exists():
-            pending = _pending(self, it)
+            pending = pending_candidates(self, it)
             if pending:
                 read_tasks(pending, allow_empty=True)
             self._copy(pool, out, *([Path(pending)] if pending else []))
@@ -374,7 +374,7 @@ class Loop:
 
     def _finish_iteration(self, d: Path, it: int) -> None:
         from rlany.files.outputs import write_text_atomic
-        from rlany.stages.loop_metrics import collect_metrics
+        from rlany.loop.metrics import collect_metrics
 
         metrics = {"iteration": it, **collect_metrics(d)}
         if self._engine_start is not None:  # this process started its engine in this iteration

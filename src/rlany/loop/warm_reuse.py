@@ -11,7 +11,7 @@ checkpoint records identical options (dtype as resolved here), base model, demos
 training package versions and device (cpu or cuda), with its weights there, is copied in
 whole (a temp directory renamed into place; the copied sidecars
 and `rlany.json` name this run's paths and say `reused_from`). `eval_init.json` is then
-shared by `rlany.stages.eval_reuse` (the adapters compared by their weights' sha256).
+shared by `rlany.loop.eval_reuse` (the adapters compared by their weights' sha256).
 A run whose warm start has begun finishes its own; anything that differs makes its own.
 
 Names and paths are not content: the base model's weights can change in place, and an
@@ -44,7 +44,7 @@ def content_path(warm: Path) -> Path:
 
 def rewrite(obj: Any, old: str, new: str) -> Any:
     """`obj` (JSON) with every string that is path `old` or under it moved under `new`."""
-    from rlany.stages.eval_reuse import map_strings
+    from rlany.loop.eval_reuse import map_strings
 
     return map_strings(obj, lambda s: new + s[len(old):] if s == old or s.startswith(old + "/")
                        else s)
@@ -52,7 +52,7 @@ def rewrite(obj: Any, old: str, new: str) -> Any:
 
 def _normal_flags(flags: dict) -> dict:  # as compared: paths rewritten, dtype resolved
     from rlany.compat import resolve_dtype
-    from rlany.stages.eval_reuse import _comparable
+    from rlany.loop.eval_reuse import _comparable
 
     out = _comparable(flags)
     if "dtype" in out:
@@ -85,8 +85,8 @@ def _content(rollout: Any, sft: Any) -> tuple[dict | None, str]:
     """What the warm start is made from beyond its flags, pool and versions, by content:
     the base model's files (the expert plays without a model; sft trains on them) and an
     adapter sft continues. (None, why) where that cannot be known here: not shared."""
+    from rlany.loop.eval_reuse import unpinned_env
     from rlany.models import content_digest, resolve_model, weights_digest
-    from rlany.stages.eval_reuse import unpinned_env
 
     try:
         why = unpinned_env(rollout.input)
@@ -143,7 +143,7 @@ def _differs(theirs: dict | None, ours: dict) -> str:
 
 def _record(warm: Path, key: dict | None) -> None:
     """What this run's own warm start is made from (none: never shared)."""
-    from rlany.stages.eval_reuse import write_record
+    from rlany.loop.eval_reuse import write_record
 
     write_record(content_path(warm), key)
 

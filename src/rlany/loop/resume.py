@@ -31,12 +31,11 @@ from rlany.errors import RlanyError
 from rlany.files.jsonl import meta_path
 
 if TYPE_CHECKING:
-    from rlany.stages.loop import Loop
-    from rlany.stages.loop_stages import Stage
+    from rlany.loop.tables import Run, Stage
 
 CHANGED = "this run directory was started with a different config"
 HINT = "use a new name, or restore the config (only iterations may be raised)"
-# what switches a stage of an iteration off (loop_stages.STAGES' `enabled`)
+# what switches a stage of an iteration off (tables.STAGES' `enabled`)
 # how a run is run, not what it computes: a run may move to another launcher or machine
 HOW = ("launch",)
 RUN_HOW = ("allow_unverified",)  # run keys of that kind
@@ -47,7 +46,7 @@ SWITCHES = {"judge": "step_feedback / rm_training / env_adaptation", "train_rm":
 def check_echo(echo: Path, config: dict, iterations: int) -> None:
     """The run's `config.json` against the config now: a key added to the config format
     since the run began counts at its default, and `iterations` may be raised."""
-    from rlany.stages.loop_config import LoopConfig
+    from rlany.loop.config import LoopConfig
 
     try:
         old = json.loads(echo.read_text(encoding="utf-8"))
@@ -81,10 +80,10 @@ def _at_defaults(config: dict) -> dict:
     """A stage's key written at its option's default counts as left out: the options are
     the same (a config that drops `lr = 3e-4` from `[train_policy]` resumes what it made),
     except for the keys the loop reads by whether they are written
-    (`loop_stages.read_if_written`)."""
+    (`tables.read_if_written`)."""
+    from rlany.loop.config import TABLES
+    from rlany.loop.tables import WARM_LR, read_if_written
     from rlany.options import specs
-    from rlany.stages.loop_config import TABLES
-    from rlany.stages.loop_stages import WARM_LR, read_if_written
 
     warm = bool(config.get("warm_start") or config.get("init_policy"))
     written = read_if_written(warm)
@@ -100,7 +99,7 @@ def _at_defaults(config: dict) -> dict:
 
 
 def _retired(old: dict) -> dict:
-    """An echo from before the judge warm start left the loop (`loop_config.RETIRED`):
+    """An echo from before the judge warm start left the loop (`config.RETIRED`):
     `judge_warm_start = false` and its `[judge_sft]` table made nothing, so they are not
     compared; a run that made one (true) differs from every config now, and is refused."""
     if old.get("judge_warm_start", False) is not False:
@@ -161,7 +160,7 @@ class _Planned:
     touching any file: no checkpoint is looked up (the adapter a stage starts from is a
     path the loop sets, not a flag of the config)."""
 
-    def __init__(self, loop: Loop):
+    def __init__(self, loop: Run):
         self.cfg, self.dir = loop.cfg, loop.dir
         self.init_policy, self.init_rm = loop.init_policy, loop.init_rm
 
@@ -175,10 +174,10 @@ class _Planned:
         return str(out)
 
 
-def _units(loop: Loop) -> Iterator[tuple[Stage, Path, int, dict, bool]]:
+def _units(loop: Run) -> Iterator[tuple[Stage, Path, int, dict, bool]]:
     """Every stage a run directory may hold, in the loop's order: (stage, directory,
     iteration, paths the loop sets, whether this config runs it)."""
-    from rlany.stages.loop_stages import EVAL, STAGES, WARM_START
+    from rlany.loop.tables import EVAL, STAGES, WARM_START
 
     cfg = loop.cfg
     for stage in WARM_START:
@@ -195,9 +194,9 @@ def _units(loop: Loop) -> Iterator[tuple[Stage, Path, int, dict, bool]]:
             yield stage, d, it, {}, stage is EVAL or stage.enabled(cfg)
 
 
-def check_finished(loop: Loop) -> None:
+def check_finished(loop: Run) -> None:
     """Each finished stage's recorded options against the config's (module docstring)."""
-    from rlany.stages.loop_stages import EVAL
+    from rlany.loop.tables import EVAL
 
     planned = _Planned(loop)
     for stage, d, it, io, runs in _units(loop):

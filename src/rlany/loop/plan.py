@@ -7,7 +7,7 @@ one the loop would print and run, each byte copy of a pool a guarded `cat`. The 
 * stops at the first failure (`set -euo pipefail`) and skips every step whose output is
   complete (the loop's own completion rule), so a failed script is rerun as it is;
 * runs the trainers under `[launch] train` as the loop does (`LAUNCHER -m rlany ...`);
-* runs rollout, judge and eval as N shard processes at once (`rlany.stages.loop_shards`):
+* runs rollout, judge and eval as N shard processes at once (`rlany.loop.shards`):
   one per endpoint of an openai engine with several (`--base-url` the shard's own), or
   `[launch] shards = N` with another engine (shard I sees GPU I) or with an openai engine
   of one endpoint (a router, say: every shard sends to it); joined with `cat`, or
@@ -42,7 +42,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rlany.files.jsonl import meta_path
-from rlany.stages.loop_shards import SHARDED, shard_paths
+from rlany.loop.shards import SHARDED, shard_paths
 
 q = shlex.quote
 KINDS = {"train_policy": "policy", "train_rm": "rm"}  # a trainer's table -> latest() kind
@@ -77,7 +77,7 @@ class Plan:
         self.assume_skipped: frozenset[str] = frozenset()  # kinds whose training is skipped
         self.trained: list[tuple[str, str]] = []  # (kind, skipped file) this plan trains
         self._made: set[str] = set()  # directories and copies already in the script
-        from rlany.stages.loop_batches import shard_count
+        from rlany.loop.batches import shard_count
 
         engine = cfg.run.get("engine")
         self.urls = split_urls(cfg.run.get("base_url")) if engine == "openai" else []
@@ -143,7 +143,7 @@ class Plan:
         return "\n".join([*head, *(self._servers() if self.serve else []), *self.lines]) + "\n"
 
     def _commands(self, loop: Any, stage: Any, command: Any, opts: Any) -> list[str]:
-        from rlany.stages.loop_launch import command_line
+        from rlany.loop.launch import command_line
 
         line = shlex.join(command_line(self.cfg, command, opts))
         if command.engine == "borrows":
@@ -160,7 +160,7 @@ class Plan:
         """Before a base (or warm start's) evaluation: the content record the loop writes
         when it begins one (`eval_reuse.eval_done`), from a digest taken now, as a planned
         one that the loop confirms when it accepts the evaluation (`planned_path`)."""
-        from rlany.stages.eval_reuse import BASE, INIT, content_key, content_path, planned_path
+        from rlany.loop.eval_reuse import BASE, INIT, content_key, content_path, planned_path
 
         out = Path(opts.output)
         if out.name not in (BASE, INIT):
@@ -175,7 +175,7 @@ class Plan:
                 f"printf '%s\\n' {q(json.dumps(key))} > {tmp}; mv {tmp} {planned}; fi"]
 
     def _sharded(self, stage: Any, command: Any, opts: Any) -> list[str]:
-        """N shard processes at once, then their join (`rlany.stages.loop_shards`)."""
+        """N shard processes at once, then their join (`rlany.loop.shards`)."""
         from rlany.options import to_argv
 
         out, n = Path(opts.output), self.shards

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from rlany.errors import RlanyError, UsageError
+from rlany.loop.launch import Launch, parse_launch
 from rlany.stages import BY_TABLE
-from rlany.stages.loop_launch import Launch, parse_launch
 
 
 def _run_keys() -> dict[str, Any]:
@@ -67,7 +67,7 @@ class LoopConfig:
     rm_buffer: int = 1
     run: dict[str, Any] = field(default_factory=dict)  # model, engine, seed, ... as given
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)  # [stage] key -> value
-    # [launch]: how training runs (a launcher), and what --print-plan starts (loop_launch)
+    # [launch]: how training runs (a launcher), and what --print-plan starts (loop.launch)
     launch: Launch = field(default_factory=Launch)
     path: str = "loop.toml"
 
