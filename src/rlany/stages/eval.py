@@ -25,26 +25,31 @@ last step only, and these rates cover those steps.
 
 Every number is a ratio of counts (`sums`) or a mean of task rows, so `--shard I/N` runs
 (`rlany.shards`) join exactly: `--join` adds their counts and joins their rows in shard
-order (`summary_of` for both). The judge is given one rollout batch at a time.
+order (`eval_summary.summary_of` for both). The judge is given one rollout batch at a time.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, fields
 from statistics import fmean
 
 from rlany import limits
-from rlany.errors import RlanyError
+from rlany.errors import RlanyError, UsageError
 from rlany.files.records import MODES, Judgment, Trajectory
 from rlany.options import opt
 from rlany.prompts import VERDICT_MODES
 from rlany.shards import shard_opt
-from rlany.stages.env_reward import mean_return, return_row
+from rlany.stages.env_reward import return_row
 from rlany.stages.episode_errors import ErrorBudget, errored, watched
+from rlany.stages.eval_summary import (
+    judge_summary,
+    policy_summary,
+    summary_of,
+    write_summary,
+)
 from rlany.stages.rollout import EpisodeFields
-from rlany.stats import pass_at_k, wilson_interval
+from rlany.stats import pass_at_k
 
 # eval's flags that are the judge's (eval key -> judge key); `rlany loop` fills them from
 # [judge] unless [eval] sets them
@@ -150,24 +155,6 @@ def policy_sums(groups: list[list[Trajectory]], ks: list[int]) -> tuple[list[dic
                       "on_plan_steps": labels.count(1), "labelled_steps": len(labels)}
 
 
-def policy_summary(per_task: list[dict], sums: dict, ks: list[int]) -> dict:
-    """The policy's numbers from its rows and counts (integer ratios, so shards' added
-    counts give the unsharded numbers exactly; pass@k is the mean of the rows')."""
-    n = sums["trajectories"]
-    passes = {k: [p[f"pass@{k}"] for p in per_task if p[f"pass@{k}"] is not None] for k in ks}
-    return {
-        "tasks": len(per_task), "trajectories": n, "errored": sums["errored"],
-        "success_rate": sums["successes"] / n if n else 0.0,
-        "success_ci95": wilson_interval(sums["successes"], n),
-        **{f"pass@{k}": fmean(passes[k]) if passes[k] else None for k in ks},
-        "mean_steps": sums["steps"] / n if n else 0.0,
-        "on_plan_share": (sums["on_plan_steps"] / sums["labelled_steps"]
-                          if sums["labelled_steps"] else None),
-        "mean_return": mean_return(per_task),
-        "per_task": per_task,
-    }
-
-
 def on_plan_share(trajectories: list[Trajectory]) -> float | None:
     """The share of the policy's steps that the env labels +1 (`info.label`: e.g. on a
     shortest plan); None for envs without step labels. Progress the outcome can hide."""
@@ -206,38 +193,6 @@ def judge_sums(trajectories: list[Trajectory], judgments: list[Judgment]) -> dic
     return {**s, "judged": len(trajectories)}
 
 
-def judge_summary(s: dict) -> dict:
-    """The judge metrics from `judge_sums`' counts (ratios; None where nothing to count)."""
-    from rlany.stats import balanced_accuracy
-
-    def ratio(a: str, b: str) -> float | None:
-        return s[a] / s[b] if s[b] else None
-
-    return {
-        "judge_step_accuracy": balanced_accuracy({1: [s["good_verdicts"], s["good_correct"]],
-                                                  -1: [s["bad_verdicts"], s["bad_correct"]]}),
-        "judge_good_step_accuracy": ratio("good_correct", "good_verdicts"),
-        "judge_bad_step_accuracy": ratio("bad_correct", "bad_verdicts"),
-        "judge_good_steps": s["good_steps"], "judge_bad_steps": s["bad_steps"],
-        "judge_last_step_accuracy": ratio("last_correct", "last_verdicts"),
-        "judge_parse_fail_rate": ratio("unparseable", "verdicts"),
-        "judge_outcome_agreement": ratio("agree", "judged"),
-        "judge_labelled_verdicts": s["good_verdicts"] + s["bad_verdicts"],
-    }
-
-
-def summary_of(policy: dict, per_task: list[dict], sums: dict, ks: list[int],
-               judge: dict | None) -> dict:
-    """eval.json's numbers from the task rows and the counts (`sums`: policy, judge,
-    unit_tests): one function for a run and for a join of shards."""
-    summary = {"policy": policy, **policy_summary(per_task, sums["policy"], ks)}
-    if judge is not None:
-        summary["judge"] = judge
-        summary.update(judge_summary(sums["judge"]))
-        summary.update({f"judge_{k}": v for k, v in sums.get("unit_tests", {}).items()})
-    return summary
-
-
 # -- the file driver: `rlany eval` and the loop's eval stage ----------------------------
 
 def run(opts: EvalOptions, engine=None) -> dict:
@@ -250,7 +205,15 @@ def run(opts: EvalOptions, engine=None) -> dict:
 
     if opts.join is not None:
         from rlany.stages.eval_join import join
-        return join(opts)
+
+        given = [f.name for f in fields(opts) if f.name not in ("join", "output")
+                 and getattr(opts, f.name) != f.default]
+        if given:
+            from rlany.options import flag
+            raise UsageError(f"--join adds up the shards' counts: it runs no model and reads "
+                             f"no tasks, so {flag(given[0])} does not go with it; give only "
+                             "--join and -o")
+        return join(opts.join, opts.output)
     started = time.time()
     shard = shards.parse(opts.shard)
     def pick(tasks: list) -> tuple:  # this shard's tasks, their episodes within the limits
@@ -288,7 +251,7 @@ def run(opts: EvalOptions, engine=None) -> dict:
                             "flags": shards.shard_flags(flags), "base_url": flags.get(
                                 "base_url"), "sha256": shards.digest(summary["per_task"], sums)}
         summary["sums"] = sums
-    _write(summary, opts.output, list(opts.k), flags=flags, inputs=[reader], started=started,
+    write_summary(summary, opts.output, list(opts.k), flags=flags, inputs=[reader], started=started,
            counts=in_shard)
     return summary
 
@@ -314,34 +277,3 @@ def _judge_sums(groups: list[list[Trajectory]], engine, batch_tasks: int, jopts)
                 tests[key] = tests.get(key, 0) + value
         sums["unit_tests"] = tests
     return sums
-
-
-def _write(summary: dict, output: str, ks: list[int], *, flags: dict, inputs: list,
-           started: float, counts: dict) -> None:
-    """eval.json (or stdout), its sidecar and the summary line."""
-    from rlany.console import info
-    from rlany.files.outputs import write_meta, write_text_atomic
-    from rlany.stageio import GEN_VERSIONS
-
-    text = json.dumps(summary, indent=2, allow_nan=False) + "\n"
-    if output == "-":
-        print(text, end="", flush=True)
-    else:
-        write_text_atomic(output, text)
-    write_meta(output, stage="eval", flags=flags, inputs=inputs,
-               counts={**{k: v for k, v in summary.items()
-                          if k not in ("per_task", "shard", "sums")}, **counts},
-               started=started, versions=GEN_VERSIONS)
-    acc = summary.get("judge_step_accuracy")
-    ci = summary["success_ci95"] or [0.0, 0.0]
-    errors = summary["errored"]
-    info(f"eval: success {summary['success_rate']:.3f} (95% {ci[0]:.2f}-{ci[1]:.2f}) over "
-         f"{summary['trajectories']} "
-         f"trajectories of {summary['tasks']} tasks"
-         + (f" ({errors} more errored, not counted), " if errors else ", ")
-         + ", ".join(f"pass@{k} " + ("-" if summary[f"pass@{k}"] is None else
-                                     f"{summary[f'pass@{k}']:.3f}") for k in ks)
-         + (f", judge step accuracy {acc:.3f}" if acc is not None else "")
-         + (f", mean return {ret:.4g}" if (ret := summary.get("mean_return")) is not None
-            else "")
-         + f" -> {output} ({summary['wall_time_s']:.1f}s)")

@@ -5,40 +5,32 @@ The shards (`rlany.shards.in_order`) are taken in shard order whatever order the
 unless they are shards 0..N-1 of one run, each once, covering the input's tasks in order
 without gap or overlap, each summary still the rows and counts its shard wrote (their
 sha256). Their task rows are joined in shard order and their counts added up, through
-`eval.summary_of`, the function an unsharded run's summary comes from.
+`eval_summary.summary_of`, the function an unsharded run's summary comes from.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import fields
 
-from rlany.errors import RlanyError, UsageError
-from rlany.stages.eval import EvalOptions, _write, summary_of
+from rlany.errors import RlanyError
+from rlany.stages.eval_summary import summary_of, write_summary
 
 GENERATION = ("completion_tokens", "generate_calls", "generate_seconds", "prefill_seconds")
 
 
-def join(opts: EvalOptions) -> dict:
-    """`--join`: the unsharded summary from the shards' summaries (`rlany.shards`): their
-    task rows in shard order and their counts added up, through `summary_of`; adapter checks
-    are every shard's, the generation counts their sums, wall_time_s the slowest shard's;
-    the sidecar's first input is the tasks file the shards ran (an unsharded eval's only
-    one)."""
+def join(shard_paths: str, output: str) -> dict:
+    """`rlany eval --join SHARDS -o OUTPUT`: the unsharded summary from the shards'
+    summaries (`rlany.shards`): their task rows in shard order and their counts added up,
+    through `summary_of`; adapter checks are every shard's, the generation counts their
+    sums, wall_time_s the slowest shard's; the sidecar's first input is the tasks file the
+    shards ran (an unsharded eval's only one)."""
     from rlany import shards
     from rlany.files.provenance import sha256_file
-    from rlany.options import flag
     from rlany.stageio import prepare_paths
 
     started = time.time()
-    given = [f.name for f in fields(opts) if f.name not in ("join", "output")
-             and getattr(opts, f.name) != f.default]
-    if given:
-        raise UsageError(f"--join adds up the shards' counts: it runs no model and reads no "
-                         f"tasks, so {flag(given[0])} does not go with it; give only --join "
-                         "and -o")
-    path = prepare_paths({"--join": opts.join}, {"--output": opts.output})["--join"]
-    parts = shards.in_order(shards.read_parts(path, opts.join), opts.join)
+    path = prepare_paths({"--join": shard_paths}, {"--output": output})["--join"]
+    parts = shards.in_order(shards.read_parts(path, shard_paths), shard_paths)
     first = parts[0]
     ks = [int(key[len("pass@"):]) for key in first if key.startswith("pass@")]
     try:
@@ -53,16 +45,16 @@ def join(opts: EvalOptions) -> dict:
         summary["wall_time_s"] = max(float(p["wall_time_s"]) for p in parts)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RlanyError(f"a shard's summary is damaged ({type(e).__name__}: {e})",
-                         where=opts.join) from None
+                         where=shard_paths) from None
     flags = {**(first["shard"].get("flags") or {}), "shard": None, "trajectories": None,
-             "output": opts.output, "join": opts.join}
+             "output": output, "join": shard_paths}
     if all(urls):  # each shard its own endpoint: together, the unsharded run's
         flags["base_url"] = ",".join(dict.fromkeys(urls))
     # the tasks the shards ran first, as an unsharded eval's sidecar has them (`report`
     # compares evaluations by it), then the summaries joined
     inputs = [dict(first["shard"]["input"]),
-              {"path": opts.join, "sha256": sha256_file(path), "records": len(parts)}]
-    _write(summary, opts.output, ks, flags=flags, inputs=inputs, started=started,
+              {"path": shard_paths, "sha256": sha256_file(path), "records": len(parts)}]
+    write_summary(summary, output, ks, flags=flags, inputs=inputs, started=started,
            counts={"shards": len(parts)})
     return summary
 
