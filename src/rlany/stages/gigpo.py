@@ -47,7 +47,7 @@ Choices, where verl-agent's defaults differ:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rlany.envs import state_hash
 from rlany.errors import RlanyError
@@ -59,8 +59,6 @@ from rlany.stages.env_reward import Group, outcome_rewards
 STEP_CREDITS = ("step-index", "gigpo")
 NORMS = ("std", "mean")
 PANEL = "Step credit"
-if TYPE_CHECKING:
-    from rlany.stages.score import ScoreOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +88,18 @@ class StepCreditFields:
                                  f"{name('step_credit')} gigpo")
 
 
+class CreditOptions(Protocol):
+    """What `gigpo_credit` reads of score's options (`rlany.stages.score.ScoreOptions`):
+    this mixin's fields and the outcome, lambda and lone-step settings they combine with."""
+
+    gigpo_norm: str
+    gigpo_weight: float
+    gamma: float
+    outcome: str
+    lam: float
+    lone_step: str
+
+
 def anchor_key(step: Step) -> str:
     """key_it: rollout's digest of the env's state key, else the whole observation's."""
     return step.state or state_hash(step.obs)
@@ -105,7 +115,7 @@ def discounted(rewards: list[float], gamma: float) -> list[float]:
 
 
 def gigpo_credit(group: Group, ran: list[bool], step_scores: list[list[float]],
-                 opts: ScoreOptions) -> Credit:
+                 opts: CreditOptions) -> Credit:
     """A_it = A^E_i + w · A^S_it for every step of one task's trajectories (module doc);
     an errored trajectory's steps get 0 and no `gigpo` record."""
     normalize = standardize if opts.gigpo_norm == "std" else centered
