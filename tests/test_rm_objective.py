@@ -222,7 +222,7 @@ def test_objectives_are_objects_the_trainer_asks():
     and owns its loss; train-rm's exact objectives are the ones over choices."""
     from rlany.errors import RlanyError
     from rlany.training.objectives import OBJECTIVES, objective
-    from rlany.training.verdict import OBJECTIVES as VERDICT
+    from rlany.training.objectives import VERDICT_OBJECTIVES as VERDICT
 
     assert VERDICT == ("expected", "logloss")
     assert [n for n, o in OBJECTIVES.items() if o.clips] == ["ppo"]

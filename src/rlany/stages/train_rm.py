@@ -19,7 +19,7 @@ from pathlib import Path
 from rlany.console import info
 from rlany.options import opt
 from rlany.stages.train_policy import TrainOptions, or_skipped
-from rlany.training.verdict import OBJECTIVES as VERDICT_OBJECTIVES
+from rlany.training.objectives import VERDICT_OBJECTIVES
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -109,6 +109,8 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("expected", choices=True, clips=False, loss=_verdict("expected")),
     Objective("logloss", choices=True, clips=False, loss=_verdict("logloss")),
 )}
+# train-rm's exact objectives: the verdict's own choices scored (`rlany.training.verdict`)
+VERDICT_OBJECTIVES = tuple(name for name, o in OBJECTIVES.items() if o.choices)
 
 
 def objective(name: str) -> Objective:

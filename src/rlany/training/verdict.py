@@ -51,9 +51,6 @@ from typing import NamedTuple
 
 from rlany.errors import RlanyError
 from rlany.stats import side_weights
-from rlany.training.objectives import OBJECTIVES as _ALL
-
-OBJECTIVES = tuple(name for name, o in _ALL.items() if o.choices)  # train-rm's exact ones
 
 
 @dataclass(frozen=True)
