@@ -42,20 +42,20 @@ import random
 from copy import deepcopy
 
 from rlany.envs import StepResult, after_first_line, parse_action, read_action
+from rlany.envs.household_world import (
+    APPLIANCE,
+    KINDS,
+    OBJECTS,
+    OPENABLE,
+    OPT_IN_EDITS,
+    RECEPTACLES,
+    ROOMS,
+    STATE,
+    type_of,
+)
 from rlany.errors import RlanyError
 from rlany.files.records import Lineage, Task
 
-KINDS = ("pick", "pick_and_place", "pick_two", "clean_and_place", "heat_and_place",
-         "cool_and_place", "look_at_in_light")
-APPLIANCE = {"clean_and_place": "sinkbasin", "heat_and_place": "microwave",
-             "cool_and_place": "fridge", "look_at_in_light": "desklamp"}
-STATE = {"clean_and_place": "clean", "heat_and_place": "hot", "cool_and_place": "cool"}
-OPENABLE = {"fridge", "cabinet", "drawer", "microwave", "safe"}
-RECEPTACLES = ("countertop", "cabinet", "drawer", "shelf", "table", "fridge", "microwave",
-               "sinkbasin", "desklamp", "sidetable", "safe")
-OBJECTS = ("apple", "mug", "bread", "book", "plate", "knife", "pen", "potato", "egg", "cup",
-           "tomato", "keychain", "bowl", "spoon")
-ROOMS = ("kitchen", "livingroom", "bedroom", "bathroom")
 PROMPT = ("You are a household robot. Each turn, answer with exactly one admissible action, "
           "either its number or its text.")
 
@@ -72,10 +72,6 @@ def goal_text(goal: dict) -> str:
         "cool_and_place": f"put a cool {obj} in/on the {target}.",
         "look_at_in_light": f"look at {a} {obj} under the desklamp.",
     }[kind]
-
-
-def _type(name: str) -> str:
-    return name.rsplit(" ", 1)[0]
 
 
 class HouseholdEnv:
@@ -164,7 +160,7 @@ class HouseholdEnv:
         plan = shortest_plan(self)
         return plan[0] if plan else None
 
-    opt_in_edits = ("goal kind",)  # edits that change the goal's kind: offered when allowed
+    opt_in_edits = OPT_IN_EDITS  # edits that change the goal's kind: offered when allowed
     edits_from_root = True  # an adapted task's edits are made from its original (`root`)
 
     def edits(self, spec: dict, direction: str, root: dict | None = None,
@@ -174,13 +170,13 @@ class HouseholdEnv:
         (`household_edits`)."""
         from rlany.envs.household_edits import edits
 
-        return edits(spec, direction, root, allow)
+        return edits(spec, direction, root, allow, new_env=HouseholdEnv)
 
     def difficulty(self, spec: dict) -> dict[str, float]:
         """plan_length (a shortest plan), size (rooms + receptacles + objects), max_steps."""
         from rlany.envs.household_edits import difficulty
 
-        return difficulty(spec)
+        return difficulty(spec, new_env=HouseholdEnv)
 
     def _distance(self) -> int | None:
         from rlany.envs.household_plan import distance
@@ -270,16 +266,16 @@ class HouseholdEnv:
         goal = self.spec["goal"]
         kind, obj = goal["kind"], goal["object"]
         if kind == "pick":
-            return any(_type(o) == obj for o in self.holding)
+            return any(type_of(o) == obj for o in self.holding)
         if kind == "look_at_in_light":
-            return any(_type(o) == obj for o in (self.lamp_used_with or "").split(","))
+            return any(type_of(o) == obj for o in (self.lamp_used_with or "").split(","))
         need = 2 if kind == "pick_two" else 1
         state = STATE.get(kind)
         for recs in self.rooms.values():
             for rec in recs.values():
                 if rec["type"] != goal["target"]:
                     continue
-                good = [o for o in rec["contents"] if _type(o) == obj
+                good = [o for o in rec["contents"] if type_of(o) == obj
                         and (state is None or state in self.states.get(o, set()))]
                 if len(good) >= need:
                     return True
@@ -295,11 +291,9 @@ def _check_shape(spec: dict) -> list[str]:
 
 def expert_actions(spec: dict) -> list[str] | None:
     """A shortest plan from the start (`household_plan`: exact search); None: no plan."""
-    from rlany.envs.household_plan import shortest_plan
+    from rlany.envs.household_plan import start_plan
 
-    env = HouseholdEnv()
-    env.reset(Task(task_id="expert", env="household", spec=spec, prompt=""), label=False)
-    return shortest_plan(env)
+    return start_plan(HouseholdEnv(), spec)
 
 
 def make_tasks(n: int, seed: int, rooms: int = 1, receptacles: int = 4, distractors: int = 2,

@@ -42,27 +42,28 @@ from __future__ import annotations
 import json
 import random
 import zlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from copy import deepcopy
+from typing import Any
 
-from rlany.envs.household import (
+from rlany.envs.household_plan import start_plan
+from rlany.envs.household_spec import check_shape
+from rlany.envs.household_world import (
     APPLIANCE,
     KINDS,
     OBJECTS,
     OPENABLE,
+    OPT_IN_EDITS,
     RECEPTACLES,
     ROOMS,
-    HouseholdEnv,
-    _check_shape,
-    _type,
-    expert_actions,
+    type_of,
 )
 from rlany.files.records import Task
 
 MAX_EDITS = 8
 PLACE_TARGETS = tuple(r for r in RECEPTACLES if r not in ("desklamp", "sinkbasin"))
 BACK = "back to the original"  # the harder step of an adapted task all the way to its root
-OPT_IN = HouseholdEnv.opt_in_edits  # kinds offered only when asked (`allow`): they change the goal
+OPT_IN = OPT_IN_EDITS  # kinds offered only when asked (`allow`): they change the goal
 ORDER = {  # the order kinds of edit are dealt in; a kind not listed comes before the last two
     "easier": (BACK, "start holding", "start at", "open", "goal object", "goal receptacle",
                "goal kind", "move", "start room", "remove room", "remove receptacle",
@@ -73,32 +74,35 @@ ORDER = {  # the order kinds of edit are dealt in; a kind not listed comes befor
 
 
 def edits(spec: dict, direction: str, root: dict | None = None,
-          allow: Collection[str] = ()) -> list:
+          allow: Collection[str] = (), *, new_env: Callable[[], Any]) -> list:
     """Up to MAX_EDITS edits of `spec` (or, with `root`, of its original task) that move it
-    in `direction`; `allow` names opt-in kinds (OPT_IN) to offer too."""
+    in `direction`; `allow` names opt-in kinds (OPT_IN) to offer too. `new_env` makes a
+    fresh `HouseholdEnv`, which validates and plays the edits (passed in: the env imports
+    this module, not the reverse)."""
+
     from rlany.envs import Edit
 
     if direction not in ("harder", "easier"):
         raise ValueError(f"direction must be harder or easier, got {direction!r}")
-    env = HouseholdEnv()
+    env = new_env()
     source = spec if root is None else root
     if env.validate(spec) or env.validate(source):
         return []
-    here = _key(spec, len(expert_actions(spec)))
-    top = None if root is None else _key(root, len(expert_actions(root)))
+    here = _key(spec, len(start_plan(new_env(), spec)))
+    top = None if root is None else _key(root, len(start_plan(new_env(), root)))
     sign = 1 if direction == "harder" else -1
     rng = random.Random(zlib.crc32(json.dumps(source, sort_keys=True).encode()))
-    slack = source.get("max_steps", 20) - len(expert_actions(source))
+    slack = source.get("max_steps", 20) - len(start_plan(new_env(), source))
     # toward the root (a harder step of an easier rewrite, or the reverse): the root first,
     # then its edits between the two; away from it, the root's edits beyond the rewrite
     toward = top is not None and (top > here) - (top < here) == sign
     by_group: dict[str, list] = {}
     if toward and root != spec:
         by_group[BACK] = [((0,), "back to the original task", deepcopy(root))]
-    for group, text, new in _candidates(source, rng):
+    for group, text, new in _candidates(source, rng, new_env):
         if group in OPT_IN and group not in allow:
             continue
-        plan = expert_actions(new) if not _check_shape(new) else None
+        plan = start_plan(new_env(), new) if not check_shape(new) else None
         if not plan:
             continue
         text, new = _fit_steps(text, new, len(plan), slack)
@@ -124,10 +128,10 @@ def _rank(direction: str, group: str) -> int:
     return order.index(group) if group in order else len(order) - 2
 
 
-def difficulty(spec: dict) -> dict[str, float]:
+def difficulty(spec: dict, *, new_env: Callable[[], Any]) -> dict[str, float]:
     """The difficulty key as named numbers (`MeasuresDifficulty`); {} for a spec without
     a plan."""
-    plan = expert_actions(spec) if not _check_shape(spec) else None
+    plan = start_plan(new_env(), spec) if not check_shape(spec) else None
     if not plan:
         return {}
     d, size, neg_steps = _key(spec, len(plan))
@@ -163,10 +167,10 @@ def _free(spec: dict, kind: str, objects: bool, taken: tuple = ()) -> str:
     return f"{kind} {k}"
 
 
-def _candidates(spec: dict, rng: random.Random):
+def _candidates(spec: dict, rng: random.Random, new_env: Callable[[], Any]):
     """(group, description, new spec) for every edit this module knows, in a fixed order."""
     goal, recs = spec["goal"], _recs(spec)
-    present_objs = sorted({_type(o) for _, r in recs for o in r.get("contents", [])})
+    present_objs = sorted({type_of(o) for _, r in recs for o in r.get("contents", [])})
     present_recs = sorted({r["type"] for _, r in recs})
     for obj in present_objs:
         if obj != goal["object"]:
@@ -179,7 +183,7 @@ def _candidates(spec: dict, rng: random.Random):
                     _with_goal(spec, target=t)
     yield from _kind_changes(spec, present_recs, rng)
     yield from _layout_changes(spec, rng)
-    yield from _tail_starts(spec)
+    yield from _tail_starts(spec, new_env)
     for room in spec["rooms"]:
         if room != spec["start_room"]:
             moved = {k: v for k, v in deepcopy(spec).items() if k != "start_at"}
@@ -192,16 +196,16 @@ def _candidates(spec: dict, rng: random.Random):
                                                                     "max_steps": new_limit}
 
 
-def _tail_starts(spec: dict):
+def _tail_starts(spec: dict, new_env: Callable[[], Any]):
     """The tail-first edits: the state after a prefix of the task's own shortest plan, as a
     start. "start at R": after its first go-tos (R a receptacle reached before anything
     else is done); "start holding X at R": after its first take (receptacles the prefix
     opened stay open, said in the description). The new task's shortest plan is the plan's
     tail: the plan's state was already one on a shortest path."""
-    plan = expert_actions(spec)
+    plan = start_plan(new_env(), spec)
     if not plan:
         return
-    env = HouseholdEnv()
+    env = new_env()
     env.reset(Task(task_id="tail", env="household", spec=spec, prompt=""), label=False)
     opened: list[str] = []
     for action in plan[:-1]:  # a tail of at least one action stays
@@ -220,8 +224,9 @@ def _tail_starts(spec: dict):
             return  # a state the spec cannot state (an object cleaned, heated, ...)
 
 
-def _started(spec: dict, env: HouseholdEnv, opened: list[str]) -> dict:
-    """`spec` starting in the env's current room and position, holding what it holds."""
+def _started(spec: dict, env: Any, opened: list[str]) -> dict:
+    """`spec` starting in the (household) env's current room and position, holding what it
+    holds."""
     new = deepcopy(spec)
     new.update(start_room=env.room, start_at=env.at)
     if env.holding:
@@ -264,7 +269,7 @@ def _layout_changes(spec: dict, rng: random.Random):
     holders = [r["name"] for _, r in recs if r["type"] != "desklamp"]
     for _, r in recs:
         for o in r.get("contents", []):
-            if _type(o) == goal_obj:
+            if type_of(o) == goal_obj:
                 for dest in holders:
                     if dest != r["name"]:
                         yield "move", f"move {o}: {r['name']} -> {dest}", \
@@ -294,7 +299,7 @@ def _layout_changes(spec: dict, rng: random.Random):
         room = rng.choice(new_rooms)
         first = _free(spec, rng.choice(PLACE_TARGETS), objects=False)
         second = _free(spec, rng.choice(PLACE_TARGETS), objects=False, taken=(first,))
-        added = [{"name": n, "type": _type(n), "contents": []} for n in (first, second)]
+        added = [{"name": n, "type": type_of(n), "contents": []} for n in (first, second)]
         yield "add room", f"add room {room} ({first}, {second})", _edit(
             spec, lambda x: x["rooms"].update({room: added}))
     for room in spec["rooms"]:

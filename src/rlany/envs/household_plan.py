@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from rlany.envs.household import APPLIANCE, OPENABLE, STATE, _type
+from rlany.envs.household_world import APPLIANCE, OPENABLE, STATE, type_of
+from rlany.files.records import Task
 
 HELD = ""
 VERB = {"sinkbasin": "clean", "microwave": "heat", "fridge": "cool"}
@@ -54,8 +55,8 @@ def _snapshot(env) -> tuple[_World, tuple]:
     for recs in env.rooms.values():
         for name, rec in recs.items():
             types[name] = rec["type"]
-            located.update({o: name for o in rec["contents"] if _type(o) == obj})
-    located.update({o: HELD for o in env.holding if _type(o) == obj})
+            located.update({o: name for o in rec["contents"] if type_of(o) == obj})
+    located.update({o: HELD for o in env.holding if type_of(o) == obj})
     names = tuple(sorted(located))
     relevant = {loc for loc in located.values() if loc} | {
         n for n, t in types.items() if t == target}
@@ -67,7 +68,7 @@ def _snapshot(env) -> tuple[_World, tuple]:
     closed = frozenset(n for recs in env.rooms.values() for n, rec in recs.items()
                        if rec["closed"] and n in relevant)
     objs = tuple((located[o], world.state in env.states.get(o, ())) for o in names)
-    lamp = any(_type(o) == obj for o in (env.lamp_used_with or "").split(","))
+    lamp = any(type_of(o) == obj for o in (env.lamp_used_with or "").split(","))
     return world, (env.room, env.at, closed, objs, lamp)
 
 
@@ -147,3 +148,10 @@ def distance(env) -> int | None:
     """d(s): the length of a shortest plan from the env's current state (None: no plan)."""
     plan = shortest_plan(env)
     return None if plan is None else len(plan)
+
+
+def start_plan(env, spec: dict) -> list[str] | None:
+    """A shortest plan from the start of `spec`, `env` (a fresh `HouseholdEnv`) reset to
+    it; None: no plan."""
+    env.reset(Task(task_id="expert", env="household", spec=spec, prompt=""), label=False)
+    return shortest_plan(env)

@@ -14,7 +14,7 @@ robot starts in `start_room`, at no receptacle, holding nothing.
 
 from __future__ import annotations
 
-from rlany.envs.household import KINDS, OBJECTS, RECEPTACLES, _type
+from rlany.envs.household_world import KINDS, OBJECTS, RECEPTACLES, type_of
 
 KEYS = {"rooms", "start_room", "start_at", "start_holding", "goal", "hint", "max_steps", "seed"}
 
@@ -36,7 +36,7 @@ def check_shape(spec: dict) -> list[str]:
             continue
         for r in recs:
             if not isinstance(r, dict) or not isinstance(r.get("name"), str) or \
-                    r.get("type") not in RECEPTACLES or _type(r["name"]) != r["type"]:
+                    r.get("type") not in RECEPTACLES or type_of(r["name"]) != r["type"]:
                 problems.append(f"rooms.{room}: bad receptacle {str(r)[:80]}")
                 continue
             if r["name"] in names:
@@ -44,7 +44,7 @@ def check_shape(spec: dict) -> list[str]:
             names.add(r["name"])
             contents = r.get("contents", [])
             if not isinstance(contents, list) or not all(
-                    isinstance(o, str) and _type(o) in OBJECTS for o in contents):
+                    isinstance(o, str) and type_of(o) in OBJECTS for o in contents):
                 problems.append(f"{r['name']}: contents must be known objects")
             else:
                 objects += contents
@@ -76,7 +76,7 @@ def _start_state(spec: dict, rooms: dict, objects: list[str]) -> list[str]:
             problems.append("spec.start_at must name a receptacle of the start room")
     held = spec.get("start_holding", [])
     if not isinstance(held, list) or not all(
-            isinstance(o, str) and _type(o) in OBJECTS for o in held):
+            isinstance(o, str) and type_of(o) in OBJECTS for o in held):
         return problems + ["spec.start_holding must be a list of known objects"]
     if len(objects + held) != len(set(objects + held)):
         problems.append("an object is in two places")
