@@ -87,9 +87,11 @@ lint: install
 golden: install
 	$(PY) tests/golden.py
 
-# docs/cli.md: every command's --help (tests/test_cli_docs.py fails when it is stale)
+# docs/cli.md: every command's --help (tests/test_cli_docs.py fails when it is stale);
+# docs/modules.md: the module map (tests/test_module_map.py)
 docs: install
 	$(PY) docs/gen_cli.py
+	$(PY) docs/gen_modules.py
 
 demo: install
 	bash examples/demo.sh

@@ -12,15 +12,8 @@ that share that shape, read by the CLI (`rlany.cli`) and by the loop (`rlany.loo
     eval.py          eval           held-out tasks -> success, pass@k (and the judge's accuracy)
     report.py        report         a run directory -> plots and tables
 
-Beside them, what only stages use: pairing.py (trajectories with their judgments, for
-score), advantages.py (the standardization behind score's advantages), unit_tests.py (the
-unit-tests mode: the judge's tests run on the programs, score's test rewards), critiques.py
-(adapt-tasks' critique summary), adapt_decide.py and adapt_propose.py (adapt-tasks'
-acceptance and proposals), edit_choice.py (its menu shuffle and learnability choice),
-rewrites.py (adapt-tasks' proposals read, and the candidate tasks they become),
-task_draw.py (rollout's `--sample-tasks` draw), expert.py (`rollout
---expert`, `judge --labels`: the env's expert instead of a model) and resume.py (a killed
-rollout's or judge's batch played again whole).
+Beside them, what only stages use; every module with its summary is in docs/modules.md
+(generated from the tree: `make docs`).
 The loop that drives them is `rlany.loop`, above this package; the shared trainer is
 `rlany.training`, the file plumbing `rlany.stageio`.
 """
