@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     import jsonlines
 
     from rlany.compat import resolve_dtype
-    from rlany.engines import EngineConfig
+    from rlany.engines.base import EngineConfig
     from rlany.engines.hf import HfEngine
     from rlany.engines.hf_merge import Merged
     from rlany.files.records import Task, from_json

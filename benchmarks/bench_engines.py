@@ -37,7 +37,8 @@ def lora_adapter(base: str, out: Path) -> str:
 
 def measure(kind: str, base: str, adapter: str | None, tasks) -> dict:
     from rlany import envs
-    from rlany.engines import EngineConfig, make_engine
+    from rlany.engines import make_engine
+    from rlany.engines.base import EngineConfig
     from rlany.stages.rollout import RolloutOptions, rollout
 
     engine = make_engine(EngineConfig(kind=kind, model=base, max_model_len=2048,

@@ -24,7 +24,8 @@ def main() -> dict:
     from rlany.compat import configure_vllm_cpu_env
     configure_vllm_cpu_env()
     from rlany import envs
-    from rlany.engines import EngineConfig, Request, Sampling, make_engine
+    from rlany.engines import make_engine
+    from rlany.engines.base import EngineConfig, Request, Sampling
     from rlany.envs.household import make_tasks
     from rlany.models import resolve_model
     from rlany.prompts import step_prompts

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     import torch
 
     from rlany.chat import render
-    from rlany.engines import EngineConfig, Request, Sampling
+    from rlany.engines.base import EngineConfig, Request, Sampling
     from rlany.engines.hf import HfEngine
     from rlany.models import resolve_model
 

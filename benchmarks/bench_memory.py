@@ -45,7 +45,7 @@ def prepare(work: Path) -> Path:
 def one(mode: str, scored: str, out: str, max_steps: int) -> dict:
     """In this process: the engine starts and generates, then train-policy runs."""
     from rlany.compat import resolve_dtype
-    from rlany.engines import EngineConfig, Request, Sampling
+    from rlany.engines.base import EngineConfig, Request, Sampling
     from rlany.engines.hf import HfEngine
     from rlany.models import resolve_model
     from rlany.stages.train_policy import TrainOptions, run

@@ -18,7 +18,7 @@ P_EXPERT = (0.0, 0.25, 0.5, 0.75, 1.0)
 def episodes(tasks_path: Path, per_task: int, seed: int, max_steps: int = 4) -> list:
     """Trajectories of a seeded expert/random mix, in the policy's prompts (`max_steps`:
     the config's horizon, 4 for learn.toml)."""
-    from rlany.engines import Completion
+    from rlany.engines.base import Completion
     from rlany.envs import make_env
     from rlany.stageio import read_tasks
     from rlany.stages.rollout import (

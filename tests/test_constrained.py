@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlany.engines import EngineConfig, Request, Sampling
+from rlany.engines.base import EngineConfig, Request, Sampling
 from rlany.engines.fake import FakeEngine
 from rlany.envs.household import HouseholdEnv, make_tasks
 from rlany.errors import RlanyError

@@ -10,7 +10,8 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from rlany.engines import EngineConfig, Request, Sampling, make_engine
+from rlany.engines import make_engine
+from rlany.engines.base import EngineConfig, Request, Sampling
 from rlany.engines.endpoints import Endpoints, split_urls
 from rlany.errors import RlanyError
 from test_openai_engine import Stub

@@ -7,7 +7,7 @@ import functools
 import pytest
 
 from rlany.chat import render
-from rlany.engines import EngineConfig, Request, Sampling
+from rlany.engines.base import EngineConfig, Request, Sampling
 
 GREEDY = Sampling(n=1, max_tokens=12, temperature=0.0)
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -296,7 +296,7 @@ def test_random_rewrites_read_no_summary_and_auto_reads_what_a_task_has():
 
 
 def _menu_request(n: int):
-    from rlany.engines import Request, Sampling
+    from rlany.engines.base import Request, Sampling
 
     return Request(messages=[], sampling=Sampling(choices=tuple(str(k) for k in
                                                                 range(1, n + 1))))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlany.chat import images_of, render_text, text_of
-from rlany.engines import EngineConfig
+from rlany.engines.base import EngineConfig
 from rlany.engines.fake import FakeEngine
 from rlany.engines.openai import OpenAIEngine
 from rlany.envs import Observation, StepResult

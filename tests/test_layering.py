@@ -60,7 +60,7 @@ ALLOWED = {
     ("judge_data.py", "rlany.stages.rollout._advance"): ROLLOUT,
     ("judge_data.py", "rlany.stages.rollout._window"): ROLLOUT,
     ("judge_data.py", "rlany.stages.rollout._trajectory"): ROLLOUT,
-    ("judge_data.py", "rlany.engines.Completion"): ROLLOUT + " (the scripted action, as an "
+    ("judge_data.py", "rlany.engines.base.Completion"): ROLLOUT + " (the scripted action, as an "
                                                    "engine's completion)",
     ("judge_data.py", "rlany.stageio.read_tasks"): ROLLOUT + " (its tasks, read and checked "
                                                    "as rollout reads them)",

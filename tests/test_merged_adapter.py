@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlany.engines import EngineConfig, Request, Sampling
+from rlany.engines.base import EngineConfig, Request, Sampling
 
 PROMPTS = ["Say hello.", "Count to five, slowly.", "What is in the kitchen?"]
 

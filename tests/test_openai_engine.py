@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import one_line, strict_json
-from rlany.engines import EngineConfig, Request, Sampling
+from rlany.engines.base import EngineConfig, Request, Sampling
 from rlany.engines.openai import OpenAIEngine
 from rlany.errors import RlanyError
 

@@ -213,7 +213,7 @@ def served():
     ("bad-logprobs", "the server's choice 0 has log-probs that are not finite numbers"),
 ])
 def test_a_served_models_malformed_answer_is_one_line_naming_the_url(served, mode, says):
-    from rlany.engines import EngineConfig, Request, Sampling
+    from rlany.engines.base import EngineConfig, Request, Sampling
     from rlany.engines.openai import OpenAIEngine
 
     Served.mode = mode

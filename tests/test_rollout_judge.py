@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_traj, one_line, read_jsonl, write_jsonl
 from rlany import envs
-from rlany.engines import Sampling
+from rlany.engines.base import Sampling
 from rlany.engines.fake import FakeEngine
 from rlany.envs import StepResult
 from rlany.envs.reasoning import extract_answer, make_tasks
@@ -353,7 +353,7 @@ def test_cli_unknown_env_names_the_line(tmp_path, cli):
 
 def test_fake_engine_sampling_params_pass_through():
     eng = FakeEngine.from_rules([{"responses": ["a STOP b"]}])
-    from rlany.engines import Request
+    from rlany.engines.base import Request
     res = eng.generate([Request(messages=[{"role": "user", "content": "x"}],
                                 sampling=Sampling(n=2, stop=("STOP",)))])
     assert [c.text for c in res[0].completions] == ["a ", "a "]

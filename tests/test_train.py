@@ -431,7 +431,7 @@ def test_an_adapter_that_does_not_reach_the_engine_is_caught(tiny_model, tmp_pat
 
     from safetensors.torch import load_file, save_file
 
-    from rlany.engines import EngineConfig, Request, Sampling
+    from rlany.engines.base import EngineConfig, Request, Sampling
     from rlany.engines.hf import HfEngine
     from rlany.errors import RlanyError
 
@@ -490,7 +490,7 @@ def test_training_on_the_engines_network_equals_a_fresh_load(tiny_model, tiny_lo
 
     from safetensors.torch import load_file
 
-    from rlany.engines import EngineConfig, Request, Sampling
+    from rlany.engines.base import EngineConfig, Request, Sampling
     from rlany.engines.hf import HfEngine
     from rlany.stages.train_policy import run
 

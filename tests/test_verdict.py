@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlany.chat import render
-from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result, Sampling
+from rlany.engines.base import Completion, EngineConfig, EngineStats, Request, Result, Sampling
 from rlany.engines.fake import FakeEngine
 from rlany.prompts import (
     VERDICT_CHOICES,

@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Optional
 
 from rlany import limits
+from rlany.engines.base import ENGINES  # the --engine choices
 from rlany.errors import RlanyError, UsageError
-
-ENGINES = ("auto", "vllm", "hf", "openai", "fake")  # the --engine choices (rlany.engines)
 
 SCOPES = ("stage", "run", "io")
 SCOPE_ORDER = {"io": 0, "stage": 1, "run": 2}

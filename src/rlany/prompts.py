@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlany.engines import Completion, Engine, Request, Result
+    from rlany.engines.base import Completion, Engine, Request, Result
     from rlany.files.records import Trajectory
 
 JUDGE_SYSTEM = (
@@ -170,7 +170,7 @@ def generate_verdicts(engine: Engine, requests: Sequence[Request],
     """
     from dataclasses import replace
 
-    from rlany.engines import (
+    from rlany.engines.base import (
         Completion,
         Decodes,
         Request,

@@ -217,7 +217,8 @@ def start_engine(opts: Any):
     """The engine an options object (EngineFields) asks for; `engine auto` is resolved for
     this machine and the reason is printed (and kept in `engine.choice`)."""
     from rlany import engines
-    from rlany.engines import EngineConfig, make_engine
+    from rlany.engines import make_engine
+    from rlany.engines.base import EngineConfig
     from rlany.models import resolve_model
 
     kind, reason = engines.resolve_engine(opts.engine)
@@ -236,7 +237,7 @@ def start_engine(opts: Any):
 
 def adapter_checks(engine: Any) -> dict:
     """The sidecar's record of the adapter probes the engine ran (rlany.probe), if any."""
-    from rlany.engines import ProbesAdapters
+    from rlany.engines.base import ProbesAdapters
 
     checks = engine.probes.checks if isinstance(engine, ProbesAdapters) else None
     return {"adapter_checks": list(checks)} if checks else {}
@@ -248,7 +249,7 @@ def engine_flags(opts: Any, engine: Any) -> dict:
 
     flags = asdict(opts)
     flags["model"] = engine.model
-    from rlany.engines import Chosen
+    from rlany.engines.base import Chosen
 
     if isinstance(engine, Chosen) and engine.choice:
         flags["engine_resolved"] = engine.choice

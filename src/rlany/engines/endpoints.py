@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from rlany.engines import EngineConfig, EngineStats, Request, Result
+from rlany.engines.base import EngineConfig, EngineStats, Request, Result
 from rlany.errors import RlanyError
 
 _HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")  # a name or IPv4

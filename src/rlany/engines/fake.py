@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rlany.chat import text_of
-from rlany.engines import Completion, EngineStats, Request, Result
+from rlany.engines.base import Completion, EngineStats, Request, Result
 from rlany.errors import RlanyError
 
 SCRIPT_NAME = "fake_script.json"

@@ -26,7 +26,7 @@ from itertools import groupby
 from pathlib import Path
 
 from rlany.chat import render
-from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
+from rlany.engines.base import Completion, EngineConfig, EngineStats, Request, Result
 from rlany.engines.hf_logprobs import SampledLogprobs
 from rlany.engines.hf_merge import Merged
 from rlany.probe import Verifier, forward_logprobs

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result, Sampling
+from rlany.engines.base import Completion, EngineConfig, EngineStats, Request, Result, Sampling
 from rlany.errors import RlanyError
 from rlany.probe import Verifier
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rlany.chat import has_images, render
 from rlany.compat import choice_kwargs
-from rlany.engines import Completion, EngineConfig, EngineStats, Request, Result
+from rlany.engines.base import Completion, EngineConfig, EngineStats, Request, Result
 from rlany.errors import RlanyError
 from rlany.probe import Verifier
 

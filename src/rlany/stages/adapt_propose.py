@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from rlany.engines import Engine, Request, Sampling
+from rlany.engines.base import Engine, Request, Sampling
 from rlany.envs import Environment
 from rlany.envs.make import spec_key
 from rlany.files.records import Task, TaskStats

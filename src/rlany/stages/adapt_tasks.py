@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
-from rlany.engines import Engine, Sampling
+from rlany.engines.base import Engine, Sampling
 from rlany.envs.make import spec_key
 from rlany.errors import RlanyError, UsageError
 from rlany.files.records import TaskStats

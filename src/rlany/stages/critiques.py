@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rlany.engines import Engine, Request, Sampling
+from rlany.engines.base import Engine, Request, Sampling
 from rlany.files.records import Judgment
 from rlany.prompts import clip, summary_messages
 

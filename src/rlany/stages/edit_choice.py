@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from rlany.engines import Completion, Result, stable_seed
+from rlany.engines.base import Completion, Result, stable_seed
 
 PRIOR_MEAN = 0.5
 PRIOR_WEIGHT = 8.0

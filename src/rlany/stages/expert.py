@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from rlany.engines import Completion, Result, stable_seed
+from rlany.engines.base import Completion, Result, stable_seed
 from rlany.errors import RlanyError, UsageError
 from rlany.files.records import Task, Trajectory
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from rlany import limits
-from rlany.engines import Engine, NoModel, Request, Sampling, real_token_ids, stable_seed
+from rlany.engines.base import Engine, NoModel, Request, Sampling, real_token_ids, stable_seed
 from rlany.errors import RlanyError, UsageError
 from rlany.files.provenance import judgment_origin
 from rlany.files.records import (

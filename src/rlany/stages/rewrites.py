@@ -111,13 +111,13 @@ class RandomEdits:
     def __init__(self, seed: int, iteration: int) -> None:
         import random
 
-        from rlany.engines import EngineStats
+        from rlany.engines.base import EngineStats
 
         self.rng = random.Random(f"adapt-random-{seed}-{iteration}")
         self.stats = EngineStats()
 
     def generate(self, requests):
-        from rlany.engines import Completion, Result
+        from rlany.engines.base import Completion, Result
 
         out = []
         for r in requests:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from rlany import limits
 from rlany.chat import text_of, user_content
-from rlany.engines import (
+from rlany.engines.base import (
     Completion,
     Engine,
     NoModel,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 
-from rlany.engines import stable_seed
+from rlany.engines.base import stable_seed
 from rlany.files.records import Task
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from rlany.engines import Engine, Request, Sampling, stable_seed
+from rlany.engines.base import Engine, Request, Sampling, stable_seed
 from rlany.errors import RlanyError
 from rlany.files.provenance import judgment_origin
 from rlany.files.records import (
