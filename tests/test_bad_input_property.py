@@ -535,15 +535,15 @@ _tokenizers: dict[str, Any] = {}
 
 def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
     """Record every engine/model start; stop trainers and the loop before real work."""
-    import rlany.stageio
+    import rlany.stage_engine
 
-    real_start = rlany.stageio.start_engine
+    real_start = rlany.stage_engine.start_engine
 
     def start_engine(opts):
         started.append("engine")
         return real_start(opts)
 
-    stack.enter_context(mock.patch.object(rlany.stageio, "start_engine", start_engine))
+    stack.enter_context(mock.patch.object(rlany.stage_engine, "start_engine", start_engine))
     if slot.stage.startswith("train"):
         import rlany.training.model
         import rlany.training.trainer

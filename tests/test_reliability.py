@@ -285,7 +285,7 @@ def test_a_damaged_adapter_is_refused_before_an_engine_starts(damage, words, tmp
 
 def test_a_lora_target_that_matches_no_module_names_it(tiny_model):
     from rlany.errors import UsageError
-    from rlany.stageio import check_lora_targets
+    from rlany.stage_engine import check_lora_targets
 
     with pytest.raises(UsageError, match="nope_proj match"):
         check_lora_targets(str(tiny_model), "q_proj,nope_proj")

@@ -282,7 +282,7 @@ def test_a_killed_shard_resumes_on_its_own(files, stage):
     """Shard 1/2 dies after its first batch (and half a line more); the rerun keeps what
     it wrote, finishes, and equals a clean run of the shard; the other shard's flags are
     refused on its partial output."""
-    from rlany.stageio import start_engine
+    from rlany.stage_engine import start_engine
     from rlany.stages import judge, rollout
 
     d = Path(files["dir"])

@@ -1,6 +1,6 @@
 """Does a LoRA adapter fit a base model? Checked before anything loads or is written.
 
-`stageio.check_adapter` checks an adapter directory on its own (a LoRA config, readable
+`stage_engine.check_adapter` checks an adapter directory on its own (a LoRA config, readable
 weights of its rank). `check_adapter_fits` checks it against the base model it is about to
 be loaded on: without it, an adapter made for another base model dies inside PEFT with a
 state-dict error (a traceback, exit 70), or, where only some layers are missing, loads in
@@ -43,7 +43,7 @@ def check_adapter_fits(adapter: str | None, model: str, flag: str = "--adapter")
     """Refuse, in one line, a LoRA `adapter` directory that does not fit the base `model`
     (a model directory or a name transformers resolves): the module doc's rules. Silent
     where the model's config cannot be read (loading the model then says what is wrong)
-    or the adapter is no LoRA directory (`stageio.check_adapter` says that)."""
+    or the adapter is no LoRA directory (`stage_engine.check_adapter` says that)."""
     if not adapter or not (Path(adapter) / "adapter_config.json").is_file():
         return
     shapes = _model_shapes(str(model))
@@ -53,7 +53,7 @@ def check_adapter_fits(adapter: str | None, model: str, flag: str = "--adapter")
     try:
         config = json.loads((Path(adapter) / "adapter_config.json").read_text())
     except (OSError, ValueError):
-        return  # stageio.check_adapter names a damaged config
+        return  # stage_engine.check_adapter names a damaged config
     config = config if isinstance(config, dict) else {}
     made_for = config.get("base_model_name_or_path")
 
@@ -112,7 +112,7 @@ def _find(modules: dict, name: str) -> str | None:
 
 def _adapter_shapes(weights: Path) -> dict[str, list[int]] | None:
     """Tensor name -> shape from a safetensors header; None where there is no such file
-    (a damaged one is `stageio.check_adapter`'s to name)."""
+    (a damaged one is `stage_engine.check_adapter`'s to name)."""
     if not weights.is_file():
         return None
     from safetensors import safe_open

@@ -173,7 +173,7 @@ class ProbesAdapters(Protocol):
 
 @runtime_checkable
 class Chosen(Protocol):
-    """Carries why it was picked (`--engine auto`), for the sidecar; stageio.start_engine
+    """Carries why it was picked (`--engine auto`), for the sidecar; stage_engine.start_engine
     sets it on the engine it starts."""
 
     choice: dict

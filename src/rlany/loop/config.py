@@ -284,12 +284,12 @@ def _init_rank(adapter: str) -> int:
 
 def _check_init(cfg: LoopConfig, key: str) -> None:
     """init_policy / init_rm: a LoRA adapter directory (its config and weights readable,
-    `stageio.check_adapter`) made for the run's base model, which training continues it on
+    `stage_engine.check_adapter`) made for the run's base model, which training continues it on
     whatever the engine (`rlany.adapters`; a model that is no local directory, e.g. a
     served one, cannot be compared here)."""
     from rlany.adapters import check_adapter_fits
     from rlany.models import resolve_model
-    from rlany.stageio import check_adapter
+    from rlany.stage_engine import check_adapter
 
     adapter = getattr(cfg, key)
     if not adapter.strip():

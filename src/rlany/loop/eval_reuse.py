@@ -109,7 +109,7 @@ def _expected(opts: Any) -> dict | None:
     from rlany.files.outputs import package_versions
     from rlany.files.provenance import sha256_file
     from rlany.models import resolve_model
-    from rlany.stageio import GEN_VERSIONS, WEIGHT_ENGINES
+    from rlany.stage_engine import GEN_VERSIONS, WEIGHT_ENGINES
 
     name = Path(opts.output).name
     if (name not in (BASE, INIT) or (name == BASE and (opts.adapter or opts.judge_adapter))
@@ -120,14 +120,14 @@ def _expected(opts: Any) -> dict | None:
         return {"flags": _comparable(dataclasses.asdict(opts), _ADAPTERS),
                 "model": resolve_model(opts.model), "tasks": [sha256_file(opts.input)],
                 "engine": engine, "versions": package_versions(*GEN_VERSIONS),
-                # as stageio.engine_flags records it: for the engines that load weights
+                # as stage_engine.engine_flags records it: for the engines that load weights
                 "dtype": resolve_dtype(opts.dtype) if engine in WEIGHT_ENGINES else None}
     except Exception:  # noqa: BLE001 - the evaluation itself reports what is wrong
         return None
 
 
 def _holds(meta: dict, want: dict) -> bool:
-    from rlany.stageio import resolved_engine
+    from rlany.stage_engine import resolved_engine
 
     flags = meta["flags"]
     return (meta.get("stage") == "eval" and _comparable(flags, _ADAPTERS) == want["flags"]

@@ -94,7 +94,7 @@ class Loop:
     def engine(self):
         """Started once, when the first generating stage has work to do."""
         if self._engine is None:
-            from rlany.stageio import start_engine
+            from rlany.stage_engine import start_engine
 
             info("loop: one engine for all stages")
             t0 = time.perf_counter()
@@ -354,7 +354,7 @@ class Loop:
         return self.init_policy if kind == "policy" else self.init_rm
 
     def _check_checkpoint(self, ckpt: Path, kind: str) -> None:
-        from rlany.stageio import check_adapter
+        from rlany.stage_engine import check_adapter
 
         if (ckpt / "adapter_config.json").exists() or not (ckpt / "config.json").exists():
             check_adapter(str(ckpt), f"the {kind} checkpoint")  # damaged: one line, named

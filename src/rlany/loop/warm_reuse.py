@@ -66,7 +66,7 @@ def _expected(rollout: Any, sft: Any) -> dict | None:
     from rlany.files.outputs import package_versions
     from rlany.files.provenance import sha256_file
     from rlany.models import resolve_model
-    from rlany.stageio import GEN_VERSIONS
+    from rlany.stage_engine import GEN_VERSIONS
     from rlany.training.model import TRAIN_VERSIONS
 
     try:

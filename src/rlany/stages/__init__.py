@@ -15,7 +15,7 @@ that share that shape, read by the CLI (`rlany.cli`) and by the loop (`rlany.loo
 Beside them, what only stages use; every module with its summary is in docs/modules.md
 (generated from the tree: `make docs`).
 The loop that drives them is `rlany.loop`, above this package; the shared trainer is
-`rlany.training`, the file plumbing `rlany.stageio`.
+`rlany.training`, the file plumbing `rlany.stageio` and a stage's engine `rlany.stage_engine`.
 """
 
 from __future__ import annotations

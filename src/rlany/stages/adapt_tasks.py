@@ -211,7 +211,7 @@ def _history(paths: dict, opts: AdaptOptions, inputs: list) -> list[dict]:
 def _rewriter(opts: AdaptOptions, engine: Engine | None, needed: bool) -> Engine | None:
     """What answers the menus: `--rewrite random`'s stand-in (no model: the control), none
     for `learnability` (it chooses without a model), else the engine, started if needed."""
-    from rlany.stageio import start_engine
+    from rlany.stage_engine import start_engine
 
     if opts.rewrite == "random":
         return RandomEdits(opts.seed, opts.iteration)
@@ -226,13 +226,8 @@ def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
     from rlany.console import info
     from rlany.files.outputs import atomic_outputs, write_meta
     from rlany.files.provenance import check_answers_pool, sha256_file
-    from rlany.stageio import (
-        GEN_VERSIONS,
-        check_adapter,
-        check_fits,
-        prepare_paths,
-        read_tasks,
-    )
+    from rlany.stage_engine import GEN_VERSIONS, check_adapter, check_fits
+    from rlany.stageio import prepare_paths, read_tasks
 
     started = time.time()
     if opts.critic == "env" and not opts.trajectories:

@@ -200,7 +200,7 @@ def run(opts: EvalOptions, engine=None) -> dict:
     With `--join`: the summary of eval shards instead (`join`)."""
     from rlany import envs, shards
     from rlany.files.outputs import AtomicJsonl
-    from rlany.stageio import adapter_checks, begin_generation, engine_flags
+    from rlany.stage_engine import adapter_checks, begin_generation, engine_flags
     from rlany.stages.rollout import rollout
 
     if opts.join is not None:

@@ -68,7 +68,7 @@ def write_summary(summary: dict, output: str, ks: list[int], *, flags: dict, inp
     """eval.json (or stdout), its sidecar and the summary line."""
     from rlany.console import info
     from rlany.files.outputs import write_meta, write_text_atomic
-    from rlany.stageio import GEN_VERSIONS
+    from rlany.stage_engine import GEN_VERSIONS
 
     text = json.dumps(summary, indent=2, allow_nan=False) + "\n"
     if output == "-":

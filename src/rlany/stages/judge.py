@@ -210,17 +210,14 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     from rlany.console import info
     from rlany.files.jsonl import JsonlReader
     from rlany.files.outputs import ResumableJsonl, write_meta
-    from rlany.stageio import (
+    from rlany.stage_engine import (
         GEN_VERSIONS,
         check_adapter,
         check_fits,
         engine_flags,
-        output_lock,
-        output_state,
-        prepare_paths,
-        resumable_sides,
         start_engine,
     )
+    from rlany.stageio import output_lock, output_state, prepare_paths, resumable_sides
 
     started = time.time()
     shard = shards.parse(opts.shard)
@@ -369,7 +366,7 @@ def _summary_line(counts: dict, tally: _Tally, output: str, started: float) -> s
 
 def _judge_counts(verdicts: dict[int, int], tests: dict[str, int], judgments: int, engine,
                   mark: tuple) -> dict:
-    from rlany.stageio import adapter_checks
+    from rlany.stage_engine import adapter_checks
 
     total = sum(verdicts.values())
     readable = verdicts[1] + verdicts[-1]

@@ -298,16 +298,14 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
     from rlany import shards
     from rlany.console import info
     from rlany.files.outputs import ResumableJsonl, write_meta
-    from rlany.stageio import (
+    from rlany.stage_engine import (
         GEN_VERSIONS,
         adapter_checks,
         begin_generation,
         engine_flags,
-        output_lock,
-        output_state,
         resolved_engine,
-        resumable_sides,
     )
+    from rlany.stageio import output_lock, output_state, resumable_sides
 
     started = time.time()
     shard = shards.parse(opts.shard)

@@ -42,13 +42,8 @@ def run_trainer(opts: TrainFields, plan_for: Callable[[TrainFields, Path], tuple
     copy. Nothing to learn from is `NoSamples`, raised before the model loads."""
     from rlany.compat import resolve_dtype
     from rlany.models import resolve_model
-    from rlany.stageio import (
-        check_adapter,
-        check_lora_targets,
-        lock_path,
-        output_lock,
-        prepare_paths,
-    )
+    from rlany.stage_engine import check_adapter, check_lora_targets
+    from rlany.stageio import lock_path, output_lock, prepare_paths
     from rlany.training.state import side_dirs
     from rlany.training.world import check_world
 
@@ -92,7 +87,7 @@ def check_kl_ref(ref: str, name: str = "--kl-ref", in_loop: bool = False) -> Non
     """--kl-ref (a loop config's `kl_ref`, `name`): pre-update, base or a LoRA adapter
     directory; `init` only `in_loop`, which resolves it to the run's first policy before a
     trainer runs."""
-    from rlany.stageio import check_adapter
+    from rlany.stage_engine import check_adapter
     from rlany.training.fields import KL_REFS
 
     if ref == "init" and not in_loop:  # a flag's value that only a loop gives meaning to

@@ -54,7 +54,7 @@ def update_key(opts, meta: dict) -> dict:
     """What an interrupted training must share with its resume beyond data and plan: the
     base model and the adapter it started from (by path and by content: rewritten in place
     is another start), the objective and the update's flags."""
-    from rlany.stageio import weights_content
+    from rlany.stage_engine import weights_content
 
     return {"model": meta.get("base_model"), "adapter": meta.get("init_adapter"),
             "weights": weights_content({"model": meta.get("base_model"),
