@@ -198,6 +198,10 @@ def pooled(runs: list[dict]) -> dict:
         "accepted_by_edit_kind": total("accepted_by_edit_kind"),
         "accepted_by_goal_kind": total("accepted_by_goal_kind"),
         "originals": rate(sum(x["succeeded"] for x in orig), sum(x["episodes"] for x in orig)),
+        "originals_per_iteration": [
+            rate(sum(x["succeeded"] for x in orig if x["iteration"] == i),
+                 sum(x["episodes"] for x in orig if x["iteration"] == i))
+            for i in sorted({x["iteration"] for x in orig})],
         "rewrites": rate(k1, n1), "their_roots": rate(k0, n0),
         "rewrites_minus_roots": (round(k1 / n1 - k0 / n0, 4) if n1 and n0 else None),
         "rewrites_minus_roots_ci95": gain_interval(k1, n1, k0, n0),

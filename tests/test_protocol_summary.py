@@ -168,6 +168,8 @@ def test_secondary_figures_of_the_environment_loop_and_gigpo(runs):
     run = s["runs"]["+adapt [learn]"][0]["figures"]
     assert [(x["episodes"], x["succeeded"]) for x in run["originals"]] == [(6, 3), (4, 2)]
     assert (a["originals"]["successes"], a["originals"]["episodes"]) == (5, 10)
+    assert [(x["successes"], x["episodes"]) for x in a["originals_per_iteration"]] == \
+        [(3, 6), (2, 4)]
     # the accepted rewrite (iteration 1) against its root t1 in the same rollouts
     assert [(x["rewrite_episodes"], x["rewrite_successes"], x["root_episodes"],
              x["root_successes"]) for x in run["rewrites_vs_roots"]] == [(0, 0, 0, 0),
