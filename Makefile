@@ -87,9 +87,11 @@ lint: install
 golden: install
 	$(PY) stages/golden.py
 
-# docs/cli.md: every command's --help (tests/test_cli_docs.py fails when it is stale)
+# docs/cli.md: every command's --help (tests/test_cli_docs.py fails when it is stale);
+# README's results table and test-suite line from the results files (tests/test_readme_results.py)
 docs: install
 	$(PY) docs/gen_cli.py
+	$(PY) docs/results_table.py
 
 demo: install
 	bash examples/demo.sh
