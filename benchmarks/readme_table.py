@@ -124,7 +124,13 @@ def _adapter(r: dict) -> str:
             + (f", merged as unmerged {pair['greedy_identical_share']:.3f}" if pair else ""))
 
 
-FORMAT = {"demo": _demo, "adapter": _adapter, "openenv": _openenv, "suite": _suite,
+def _clone(r: dict) -> str:
+    s, f = r["shallow"], r["full"]
+    return (f"{r['ratio']} ({s['git_mib']} vs {f['git_mib']} MiB of .git; {f['commits']} "
+            f"commits; work tree {s['tree_mib']} MiB) at {r['commit'][:7]}")
+
+
+FORMAT = {"demo": _demo, "clone": _clone, "adapter": _adapter, "openenv": _openenv, "suite": _suite,
           "shared_prefix": _shared_prefix,
           "hf_generate": _hf_generate,
           "prompt_prefix": _prompt_prefix,
