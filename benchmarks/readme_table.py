@@ -37,6 +37,16 @@ def _memory(r: dict) -> str:
 
 
 def _engines(r: dict) -> str:
+    if "measured" in r:  # engines-SETTING.json: per kind, base / adapter (first pass)
+        by = {(x["arm"], x["kind"], x["adapter"]): x["tokens_per_s"] for x in r["rows"]
+              if x["pass"] == "first" or not x["adapter"]}
+        arms = list(dict.fromkeys(a for a, _, _ in by))
+        kinds = "; ".join(k + ": " + ", ".join(
+            f"{a} {by.get((a, k, False), '-')} / {by.get((a, k, True), '-')}" for a in arms)
+            for k in ("rollout", "judge"))
+        picks = ", ".join(f"{s} {v['engine']}" for s, v in r["auto_picks"].items())
+        return (f"tokens/s base / adapter (switch included): {kinds}; vLLM kernels "
+                f"{r['vllm_kernels']}; `auto` picks {picks}")
     by = {(row["engine"], row["adapter"]): row["tokens_per_s"] for row in r["rows"]}
     cells = ", ".join(f"{e} {by.get((e, False), '-')} / {by.get((e, True), '-')}"
                       for e in dict.fromkeys(e for e, _ in by))

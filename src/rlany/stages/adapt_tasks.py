@@ -217,7 +217,7 @@ def _rewriter(opts: AdaptOptions, engine: Engine | None, needed: bool) -> Engine
         return RandomEdits(opts.seed, opts.iteration)
     if opts.rewrite == "learnability":
         return None
-    return engine or (start_engine(opts) if needed else None)
+    return engine or (start_engine(opts, "adapt-tasks") if needed else None)
 
 
 def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:
