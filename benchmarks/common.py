@@ -21,7 +21,7 @@ def machine() -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
-    from rlany.compat import cpu_model, machine_profile
+    from rlany.api import cpu_model, machine_profile
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "cpu_model": cpu_model(),
             "boot_id": boot_id(),
             "profile": machine_profile(),
@@ -46,7 +46,7 @@ def cpu_setting(dtype: str) -> tuple[str, dict]:
     """(name suffix, switches) of the CPU setting a speed result ran with: "avx2-float32" on
     an AVX2 CPU, "avx2forced-float32" where ISA_SWITCHES forced it, so each setting keeps
     its own results file; the switches go into the result."""
-    from rlany.compat import cpu_capability
+    from rlany.api import cpu_capability
 
     switches = {k: os.environ.get(k) for k in ISA_SWITCHES}
     forced = "forced" if any(switches.values()) else ""

@@ -37,6 +37,16 @@ def _memory(r: dict) -> str:
 
 
 def _engines(r: dict) -> str:
+    if "measured" in r:  # engines-SETTING.json: per kind, base / adapter (first pass)
+        by = {(x["arm"], x["kind"], x["adapter"]): x["tokens_per_s"] for x in r["rows"]
+              if x["pass"] == "first" or not x["adapter"]}
+        arms = list(dict.fromkeys(a for a, _, _ in by))
+        kinds = "; ".join(k + ": " + ", ".join(
+            f"{a} {by.get((a, k, False), '-')} / {by.get((a, k, True), '-')}" for a in arms)
+            for k in ("rollout", "judge"))
+        picks = ", ".join(f"{s} {v['engine']}" for s, v in r["auto_picks"].items())
+        return (f"tokens/s base / adapter (switch included): {kinds}; vLLM kernels "
+                f"{r['vllm_kernels']}; `auto` picks {picks}")
     by = {(row["engine"], row["adapter"]): row["tokens_per_s"] for row in r["rows"]}
     cells = ", ".join(f"{e} {by.get((e, False), '-')} / {by.get((e, True), '-')}"
                       for e in dict.fromkeys(e for e, _ in by))
@@ -124,7 +134,13 @@ def _adapter(r: dict) -> str:
             + (f", merged as unmerged {pair['greedy_identical_share']:.3f}" if pair else ""))
 
 
-FORMAT = {"demo": _demo, "adapter": _adapter, "openenv": _openenv, "suite": _suite,
+def _clone(r: dict) -> str:
+    s, f = r["shallow"], r["full"]
+    return (f"{r['ratio']} ({s['git_mib']} vs {f['git_mib']} MiB of .git; {f['commits']} "
+            f"commits; work tree {s['tree_mib']} MiB) at {r['commit'][:7]}")
+
+
+FORMAT = {"demo": _demo, "clone": _clone, "adapter": _adapter, "openenv": _openenv, "suite": _suite,
           "shared_prefix": _shared_prefix,
           "hf_generate": _hf_generate,
           "prompt_prefix": _prompt_prefix,

@@ -73,7 +73,7 @@ def compare(out: Path, rewriters: tuple[str, ...], alpha_high: float) -> dict:
 
 
 def main() -> None:
-    from rlany.stats import gain_interval
+    from rlany.api import gain_interval
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--from", dest="sources", type=Path, nargs="+", required=True,

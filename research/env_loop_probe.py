@@ -35,7 +35,7 @@ ROLLOUT = ["--n", "{n}", "--max-steps", "8", "--max-tokens", "16", "--temperatur
 
 def variants(pool) -> list:
     """(task, kind, plan shortening) for the first easier edit of each kind of each task."""
-    from rlany.envs import make_env
+    from rlany.api import make_env
 
     env, out = make_env("household"), []
     for task in pool:
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import jsonlines
 
-    from rlany.files.records import Task, from_json, to_json
+    from rlany.api import Task, from_json, to_json
 
     pool = [from_json(Task, r) for r in jsonlines.open(POOL)]
     made = variants(pool)

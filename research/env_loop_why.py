@@ -3,8 +3,9 @@ the accepted rewrites are, and whether the policy progresses on the original tas
 
 For each run of the household env-loop benchmark (`make bench-learning-adapt`'s
 runs/learning-adapt-mid/ARM-sSEED):
-- the decided candidates by edit (the env's edit name before its ':', e.g. "goal kind",
-  or its verb, "remove"), accepted and rejected, and the goal kinds of the accepted ones
+- the decided candidates by edit (the edit kind the candidate records, e.g. "start
+  holding"; in older runs the edit's name before its ':', e.g. "goal kind", or its verb,
+  "remove"), accepted and rejected, and the goal kinds of the accepted ones
   (the held-out tasks are all "pick_and_place"); the edits that keep the task's kind,
   accepted of decided, by the kind; per direction and edit, decided, accepted, the mean
   success of the candidates (acc(q')) and how many never succeeded; how many candidates
@@ -54,7 +55,8 @@ def edits(run: Path) -> dict:
         took = {d.get("parent_id"): d["task_id"] for d in rows if d["accepted"]}
         for d in rows:
             c = cands.get(d["task_id"], {})
-            name = edit_name(c.get("candidate", {}).get("edit") or "?")
+            info = c.get("candidate", {})  # its recorded kind, else (older runs) the edit's head
+            name = info.get("edit_kind") or edit_name(info.get("edit") or "?")
             if d["accepted"] and took[d.get("parent_id")] != d["task_id"]:
                 overwritten += 1
                 d = {**d, "accepted": False}

@@ -226,7 +226,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from rlany.models import resolve_model
+    from rlany.api import resolve_model
 
     torch.manual_seed(args.seed)
     WORK.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from rlany.models import resolve_model
+    from rlany.api import resolve_model
     runs = {}
     for run in args.runs:
         config = json.loads((run / "config.json").read_text())

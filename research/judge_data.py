@@ -6,7 +6,6 @@ step in the judge's prompt with the env's label, and the verdict's balanced accu
 from __future__ import annotations
 
 import math
-import random
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,42 +16,30 @@ P_EXPERT = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 def episodes(tasks_path: Path, per_task: int, seed: int, max_steps: int = 4) -> list:
     """Trajectories of a seeded expert/random mix, in the policy's prompts (`max_steps`:
-    the config's horizon, 4 for learn.toml)."""
-    from rlany.engines.base import Completion
-    from rlany.envs import make_env
-    from rlany.stageio import read_tasks
-    from rlany.stages.rollout import (
-        RolloutOptions,
-        _advance,
-        _choices,
-        _start,
-        _trajectory,
-        _window,
-    )
+    the config's horizon, 4 for learn.toml): sample k of a task plays the expert's action
+    with probability P_EXPERT[k % 5], else a random admissible one, as `rlany rollout
+    --expert --expert-p P` draws them (seeded by seed, task, turn and sample), through
+    rollout's own episode code. Each P's rollout plays every sample; sample k is kept from
+    its own P's (episodes without a model cost milliseconds). Results made before this
+    drew the random actions from one `random.Random(seed)` of the script's: the same mix,
+    other episodes."""
+    from rlany.api import NoModel, RolloutOptions, make_env, read_tasks, rollout
 
-    opts = RolloutOptions(n=per_task, max_steps=max_steps, history_turns=1,
-                          constrain_actions=True)
-    rng = random.Random(seed)
-    out = []
-    for task in read_tasks(tasks_path)[0]:
-        for k in range(per_task):
-            p = P_EXPERT[k % len(P_EXPERT)]
-            e = _start(task, k, make_env)
-            while e.finish is None and len(e.steps) < opts.max_steps:
-                actions = _choices(e)
-                expert = e.env.expert_action()
-                text = expert if expert and rng.random() < p else rng.choice(actions)
-                _advance(e, _window(e.messages, 1), Completion(text=text, token_ids=[],
-                                                               finish_reason="stop"), False)
-            if e.finish is None:
-                e.finish = "max_steps"
-            out.append(_trajectory(e, opts, {"p_expert": p}))
-    return out
+    tasks = read_tasks(tasks_path)[0]
+    engine = NoModel("expert", "judge_data: a seeded expert/random mix")
+    played: dict[tuple[str, int], object] = {}
+    for i, p in enumerate(P_EXPERT[:per_task]):
+        opts = RolloutOptions(n=per_task, max_steps=max_steps, history_turns=1,
+                              constrain_actions=True, expert=True, expert_p=p, seed=seed)
+        for group in rollout(tasks, engine, make_env, opts, {"p_expert": p}):
+            played.update(((t.task_id, t.sample), t) for t in group
+                          if t.sample % len(P_EXPERT) == i)
+    return [played[(task.task_id, k)] for task in tasks for k in range(per_task)]
 
 
 def judged_steps(trajectories: list) -> list[dict]:
     """{messages, label, outcome, task} per step, the judge prompt as learn.toml builds it."""
-    from rlany.prompts import step_prompts
+    from rlany.api import step_prompts
 
     rows = []
     for tr in trajectories:
@@ -63,9 +50,7 @@ def judged_steps(trajectories: list) -> list[dict]:
 
 
 def encode(tok, rows: list[dict]) -> tuple[list[list[int]], object]:
-    from rlany.chat import render
-    from rlany.prompts import VERDICT_CHOICES, parse_verdict
-    from rlany.training.verdict import branch
+    from rlany.api import VERDICT_CHOICES, branch, parse_verdict, render
 
     at = branch(tok, VERDICT_CHOICES, tuple(parse_verdict(c) for c in VERDICT_CHOICES))
     return [render(tok, r["messages"]) + at.prefix for r in rows], at

@@ -43,7 +43,7 @@ def p_positive(model, prompts, at, pad: int) -> list[float]:
     """P(+1) of the verdict at the branch for each prompt (no grad, 16 at a time)."""
     import torch
 
-    from rlany.training.verdict import choice_logprobs
+    from rlany.api import choice_logprobs
     out = []
     with torch.no_grad():
         for b in range(0, len(prompts), 16):
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlany.models import resolve_model
+    from rlany.api import resolve_model
 
     rows = judged_steps(episodes(args.tasks, args.per_task, args.seed + 1,
                                  args.max_steps))[:args.limit]

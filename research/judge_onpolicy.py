@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE))
 def train_file(rows: list[dict], target: str, path: Path) -> int:
     """Write the train rows' scored records (only those with a sampled step) to `path`,
     rm_target from `target` on the sampled steps; returns the steps with a target."""
-    from rlany.files.records import traj_id
+    from rlany.api import traj_id
 
     want = {r["at"]: float(r["label"] if target == "label" else r["outcome"]) for r in rows}
     by_dir: dict[str, set] = {}
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlany.models import resolve_model
+    from rlany.api import resolve_model
 
     train, test = onpolicy(args.runs, args.max_train, args.max_test, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)

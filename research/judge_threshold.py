@@ -58,12 +58,16 @@ def main(argv=None) -> int:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlany.chat import render
-    from rlany.files.jsonl import JsonlReader
-    from rlany.files.records import Scored
-    from rlany.models import resolve_model
-    from rlany.prompts import VERDICT_CHOICES, parse_verdict
-    from rlany.training.verdict import branch, verdict_samples
+    from rlany.api import (
+        VERDICT_CHOICES,
+        JsonlReader,
+        Scored,
+        branch,
+        parse_verdict,
+        render,
+        resolve_model,
+        verdict_samples,
+    )
 
     labels = [r["label"] for r in judged_steps(episodes(HELD_OUT, 3, args.seed + 1))]
     base = resolve_model("smollm2")

@@ -108,7 +108,7 @@ def finetune(model, cache, train_idx, targets, test_idx, test_labels, at, *, k: 
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from rlany.training.verdict import class_weights, verdict_loss
+    from rlany.api import class_weights, verdict_loss
 
     torch.manual_seed(seed)
     top = get_peft_model(top_model(model, k), LoraConfig(

@@ -121,10 +121,7 @@ def judge_warm_start(config: str, seed: int, sets: list[str], sft: list[str],
     for the loop's `init_rm`."""
     from dataclasses import replace
 
-    from rlany.files.jsonl import meta_path
-    from rlany.loop.config import load_config
-    from rlany.loop.launch import command_line
-    from rlany.stages import BY_TABLE
+    from rlany.api import BY_TABLE, command_line, load_config, meta_path
 
     out.mkdir(parents=True, exist_ok=True)
     steps, judged, scored = (str(out / f"{n}.jsonl") for n in ("steps", "judgments", "scored"))

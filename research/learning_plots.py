@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from statistics import fmean
 
-from rlany.stages.report import draw_panel
-from rlany.stats import t_interval, wilson_interval
+from rlany.api import arm_line, draw_panel
 
 PANELS = {
     "success": "held-out success (band: pooled 95% Wilson)",
@@ -89,25 +87,19 @@ def arm_lines(by_arm: dict[str, list[dict]], panel: str) -> list[dict]:
     over seeds (success: pooled) and the band (lo, hi), None where it has no interval."""
     out = []
     for arm, runs in by_arm.items():
-        if panel == "success":
-            data = [_success(r) for r in runs]
-            xs = sorted({x for d in data for x in d})
-            pooled = [(sum(d[x][0] for d in data if x in d), sum(d[x][1] for d in data if x in d))
-                      for x in xs]
-            ys = [k / n for k, n in pooled]
-            bands = [wilson_interval(k, n) for k, n in pooled]
-        else:
-            data = [_per_iteration(r, panel) for r in runs]
-            xs = sorted({x for d in data for x in d})
-            at = [[d[x] for d in data if x in d] for x in xs]
-            ys = [fmean(v) for v in at]
-            lo, hi = RANGE.get(panel, (0.0, math.inf))  # the others are counts or lengths
-            bands = [b and [max(b[0], lo), min(b[1], hi)] for b in map(t_interval, at)]
-        if not xs or (panel == "accepted_tasks" and not any(ys)):
+        # report's points: x -> (value, its interval, its episodes); success by counts
+        data = ([{x: (k / n, None, n) for x, (k, n) in _success(r).items()} for r in runs]
+                if panel == "success" else
+                [{x: (v, None, None) for x, v in _per_iteration(r, panel).items()}
+                 for r in runs])
+        line = arm_line(arm, data, "eval_success" if panel == "success" else panel)
+        if line is None or (panel == "accepted_tasks" and not any(line["y"])):
             continue
+        lo, hi = RANGE.get(panel, (0.0, math.inf))  # the others are counts or lengths
         seeds = sum(1 for d in data if d)  # the seeds with data in this panel
         out.append({"arm": arm, "label": f"{arm} ({seeds} seed{'s' if seeds > 1 else ''})",
-                    "x": xs, "y": ys, "band": bands})
+                    "x": line["x"], "y": line["y"],
+                    "band": [b and [max(b[0], lo), min(b[1], hi)] for b in line["bands"]]})
     return out
 
 

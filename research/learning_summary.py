@@ -12,8 +12,7 @@ from pathlib import Path
 
 from lab import cpu_label  # benchmarks.common's: one home for both tables' CPU column
 
-from rlany.stages.eval import on_plan_share
-from rlany.stats import gain_interval, t_interval, wilson_interval
+from rlany.api import gain_interval, on_plan_share, t_interval, wilson_interval
 
 JUDGED_EVAL = ["--set", "eval.judge=true"]  # arms with a judge: its step accuracy, base and final
 ARMS = {  # each arm's `rlany loop` switches, in the order of the table's rows
@@ -51,8 +50,7 @@ def rollout_views(it_dir: Path) -> tuple[dict | None, float | None]:
     """One iteration's rollouts, read once: the judge on them (`judge_on_rollouts`) and the
     share of the policy's steps the env labels +1 (on a shortest plan): what step labels
     teach, visible before the outcome moves (None: no labels)."""
-    from rlany.files.jsonl import JsonlReader
-    from rlany.files.records import Trajectory
+    from rlany.api import JsonlReader, Trajectory
 
     path = it_dir / "trajectories.jsonl"
     trajs = [t for _, t in JsonlReader(path, Trajectory, "trajectories")] if path.exists() \
@@ -64,9 +62,7 @@ def judge_on_rollouts(it_dir: Path, trajectories: list) -> dict | None:
     """The judge's verdicts on one iteration's rollouts against the env's step labels
     (balanced accuracy) and its share of +1 verdicts, read from the iteration's files (so
     runs made before the judge stage reported it are covered too)."""
-    from rlany.files.jsonl import JsonlReader
-    from rlany.files.records import JudgeSample, Judgment
-    from rlany.stages.eval import judge_metrics
+    from rlany.api import JsonlReader, JudgeSample, Judgment, judge_metrics
 
     if not (it_dir / "judgments.jsonl").exists():
         return None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lab import machine, save
 
-from rlany.stats import gain_interval
+from rlany.api import gain_interval
 
 PAGES = ("click-test,click-test-2,click-button,click-button-sequence,click-link,click-tab,"
          "focus-text,focus-text-2,enter-text,enter-text-2,enter-password,login-user,"

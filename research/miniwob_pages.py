@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from lab import save  # noqa: E402
 
-from rlany.files.records import Lineage, Task, to_json  # noqa: E402
+from rlany.api import Lineage, Task, to_json  # noqa: E402
 
 BEFORE = ("click-test,click-test-2,click-button,click-button-sequence,click-link,click-tab,"
           "focus-text,focus-text-2,enter-text,enter-text-2,enter-password,login-user,"

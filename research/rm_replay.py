@@ -100,7 +100,7 @@ def summary(name: str, pairs: list[str]) -> int:
     """research/results/NAME.json and .md from RUN=REPLAY pairs (one per seed)."""
     from lab import save
 
-    from rlany.stats import t_interval
+    from rlany.api import t_interval
 
     rows = []
     for pair in pairs:

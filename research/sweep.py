@@ -30,7 +30,7 @@ from lab import RESULTS, check_name, save, write_readme_block  # noqa: E402
 from learning import ARMS, run_loop  # noqa: E402
 from learning_summary import summarize_run  # noqa: E402
 
-from rlany.stats import gain_interval  # noqa: E402
+from rlany.api import gain_interval  # noqa: E402
 
 DEFAULT = "default"
 # what a policy-only run's outcome depends on; a default run borrowed from elsewhere
@@ -87,7 +87,7 @@ def check_default(default: Path, config: str, seed: int) -> None:
     reward-model settings are unused in a policy-only run and may differ)."""
     import dataclasses
 
-    from rlany.loop.config import load_config
+    from rlany.api import load_config
 
     if not (default / "config.json").exists():
         raise SystemExit(f"--default-from: no run {default} (its config.json is missing)")

@@ -23,8 +23,10 @@ def hf(tiny_model):
 def vllm_engine(tiny_model):
     pytest.importorskip("vllm")
     from rlany.engines.vllm import VllmEngine
+    # vLLM's own LoRA path (the default on a GPU); merged directories, the CPU's default:
+    # tests/test_vllm_merged.py (slow: an engine restart per adapter)
     engine = VllmEngine(EngineConfig(kind="vllm", model=tiny_model, dtype="float32",
-                                     max_model_len=1024))
+                                     max_model_len=1024, vllm_adapters="lora"))
     yield engine
     engine.close()
 

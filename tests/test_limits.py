@@ -2,8 +2,10 @@
 a function under 80": a stage is one module you can read top to bottom; the README is the
 front door, not the lab notebook): a module under src/rlany/, benchmarks/ or research/ has
 at most 400 lines and a function or method at most 80 (its `def` line to its last line,
-decorators not counted); README.md has at most 250 lines, and its "## Results at a glance"
-section at most 15 (the numbers live in benchmarks/ and research/).
+decorators not counted); README.md has at most 250 lines of at most 200 characters each (a
+line a reader can take in: a results line of thousands of characters passed a line count),
+and its "## Results at a glance" section at most 30 (one generated table, a row per result:
+tests/test_readme_results.py; the readings live in benchmarks/ and research/).
 
 Pure file reads and `ast`: nothing here imports the code it measures. Each failure names
 every offender with its line count; split by responsibility, not into layers."""
@@ -16,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("src/rlany", "benchmarks", "research")
 MODULE_LINES, FUNCTION_LINES = 400, 80
-README_LINES, RESULTS_LINES = 250, 15
+README_LINES, README_WIDTH, RESULTS_LINES = 250, 200, 30
 RESULTS_HEADING = "## Results at a glance"
 
 
@@ -77,6 +79,24 @@ def test_readme_lines():
     assert n <= README_LINES, (f"README.md: {n} lines, over {README_LINES}: the README is the "
                                "front door; results and history belong in benchmarks/, "
                                "research/ and docs/")
+
+
+def too_wide(text: str, width: int = README_WIDTH) -> list[str]:
+    """`README.md:LINE: N characters` for each line over `width`."""
+    return [f"README.md:{i}: {len(line)} characters" for i, line in
+            enumerate(text.splitlines(), 1) if len(line) > width]
+
+
+def test_readme_width():
+    wide = too_wide((ROOT / "README.md").read_text())
+    assert not wide, (f"README.md lines over {README_WIDTH} characters (wrap prose; a table "
+                      "row that long holds too much):\n" + "\n".join(wide))
+
+
+def test_a_planted_wide_line_is_caught():
+    text = (ROOT / "README.md").read_text()
+    planted = text.replace(f"{RESULTS_HEADING}\n", f"{RESULTS_HEADING}\n- {'0.1 ' * 1230}\n")
+    assert [w.split(": ")[1] for w in too_wide(planted)] == ["4922 characters"]
 
 
 def test_readme_results_lines():

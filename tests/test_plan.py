@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_jsonl
+from rlany.loop.metrics import TIMED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +143,8 @@ def test_the_printed_plan_reproduces_the_loops_iteration(tmp_path, tiny_model):
     assert compared >= 15
     ma, mb = read_jsonl(A / "metrics.jsonl"), read_jsonl(B / "metrics.jsonl")
     for m in (*ma, *mb):
-        m.pop("seconds")
+        for key in TIMED:
+            m.pop(key)
     assert ma == mb and ma[0]["judge_positive_share"] is not None
     # the base evaluation's content record, as the loop's (siblings share by it)
     assert json.loads((B / "eval_base.content.json").read_text()) == \

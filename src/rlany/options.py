@@ -36,6 +36,8 @@ from rlany import limits
 from rlany.engines.base import ENGINES  # the --engine choices
 from rlany.errors import RlanyError, UsageError
 
+VLLM_ADAPTERS = ("auto", "lora", "merged")  # --vllm-adapters (rlany.engines.vllm_merged)
+
 SCOPES = ("stage", "run", "io")
 SCOPE_ORDER = {"io": 0, "stage": 1, "run": 2}
 RESEARCH_PANEL = "Research (diagnostic)"
@@ -100,6 +102,11 @@ class EngineFields:
         False, "Serve a LoRA adapter whose probe the engine could not score (or scored NaN): "
         "without it such an adapter is refused. The sidecar's adapter_checks record it as "
         "unverified.", scope="run")
+    vllm_adapters: str = opt(
+        "auto", "vllm: how a LoRA adapter is served: lora (vLLM's LoRA kernels) or merged "
+        "(merged once into a cached model directory, the engine restarted on it at each "
+        "adapter switch). auto: merged on a CPU, where vLLM's LoRA path measured 10x "
+        "slower, lora on a GPU.", scope="run", choices=VLLM_ADAPTERS)
     engine_batch: int = opt(64, "hf: sequences per generate call (the n samples of a "
                             "request stay in one call; constrained requests: prompts per "
                             "pass). Larger is faster on a CPU until memory runs short (64 "

@@ -21,20 +21,21 @@ WEIGHT_ENGINES = ("hf", "vllm")  # engines that load the weights here: their dty
 def begin_generation(opts: Any, outputs: dict[str, str | None], engine: Any = None,
                      adapters: dict[str, str | None] | None = None,
                      check: Callable[[Any], None] | None = None,
-                     sides: Sides | None = None, pick: Callable[[list], Any] | None = None):
+                     sides: Sides | None = None, pick: Callable[[list], Any] | None = None,
+                     stage: str | None = None):
     """(tasks, reader, engine) for a stage that generates from `opts.input`: adapters and
     paths (with the outputs' `sides`) checked and tasks read (bad input, or a task `check`
     refuses, fails before an engine starts), then the engine started unless one is given
     (the loop passes its own). `pick(tasks)`, where given, is returned for the tasks: what
     the run plays (a sample, a shard), its sizes checked (`rlany.limits`) before the engine
-    starts."""
+    starts. `stage`: the command's name, for `--engine auto`."""
     for flag, adapter in {"--adapter": opts.adapter, **(adapters or {})}.items():
         check_adapter(adapter, flag)
         check_fits(opts, adapter, flag)
     paths = prepare_paths({"--input": opts.input}, outputs, sides)
     tasks, reader = read_tasks(paths["--input"], name=opts.input, check=check)
     picked = tasks if pick is None else pick(tasks)
-    return picked, reader, engine or start_engine(opts)
+    return picked, reader, engine or start_engine(opts, stage)
 
 
 def check_fits(opts: Any, adapter: str | None, flag: str = "--adapter") -> None:
@@ -139,15 +140,16 @@ def check_lora_targets(model: str, target_modules: str, flag: str = "--target-mo
                          hint=f"its linear layers: {', '.join(leaves)}; or all-linear")
 
 
-def start_engine(opts: Any):
+def start_engine(opts: Any, stage: str | None = None):
     """The engine an options object (EngineFields) asks for; `engine auto` is resolved for
-    this machine and the reason is printed (and kept in `engine.choice`)."""
+    this machine and `stage` (the command's name: `engines.resolve_engine`) and the reason
+    is printed (and kept in `engine.choice`)."""
     from rlany import engines
     from rlany.engines import make_engine
     from rlany.engines.base import EngineConfig
     from rlany.models import resolve_model
 
-    kind, reason = engines.resolve_engine(opts.engine)
+    kind, reason = engines.resolve_engine(opts.engine, stage=stage)
     if kind != "openai" and opts.base_url:
         raise RlanyError(f"--base-url is only for --engine openai, not {kind}")
     model = resolve_model(opts.model) if kind in ("vllm", "hf") else opts.model
@@ -156,8 +158,11 @@ def start_engine(opts: Any):
                                       max_model_len=opts.max_model_len, base_url=opts.base_url,
                                       max_lora_rank=opts.max_lora_rank,
                                       batch_size=opts.engine_batch,
-                                      allow_unverified_adapter=opts.allow_unverified))
+                                      allow_unverified_adapter=opts.allow_unverified,
+                                      vllm_adapters=opts.vllm_adapters))
     engine.choice = {"engine": kind, "reason": reason}
+    if kind == "vllm":  # how it serves adapters (rlany.engines.vllm_merged)
+        engine.choice["adapters"] = engine.adapters
     return engine
 
 

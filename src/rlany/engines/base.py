@@ -18,6 +18,7 @@ surrogates replaced and counted), so hostile model output cannot crash a write.
 The factory is the package's (`rlany.engines.make_engine`). Implementations (each a plain
 class; they share no base class):
   vllm    in-process vllm.LLM, prefix caching, LoRA via LoRARequest   (rlany.engines.vllm)
+          or, on a CPU, as a merged model directory            (rlany.engines.vllm_merged)
   openai  any OpenAI-compatible endpoint, e.g. `vllm serve`           (rlany.engines.openai)
   hf      transformers generate, the slow fallback                    (rlany.engines.hf)
   fake    scripted outputs for tests                                  (rlany.engines.fake)
@@ -206,3 +207,6 @@ class EngineConfig:
     batch_size: int = 64  # hf: sequences per generate call (`--engine-batch`)
     # serve an adapter whose probe the engine did not score (rlany.probe), recorded so
     allow_unverified_adapter: bool = False
+    # vllm: an adapter through vLLM's LoRA kernels ("lora") or as a merged model directory
+    # ("merged"); "auto": merged on a CPU, lora on a GPU (rlany.engines.vllm_merged)
+    vllm_adapters: str = "auto"

@@ -4,7 +4,9 @@ Prompts are rendered here with the tokenizer's chat template and passed as token
 what the policy saw is exactly what training re-renders. Prefix caching is on: the `n`
 samples of one request, and requests that share a prefix (the m judge samples, the turns of
 one episode), reuse the prompt's KV cache. LoRA adapters are loaded on first use by path
-and stay loaded (new checkpoints get new ids, so a running engine picks up new adapters).
+and stay loaded (new checkpoints get new ids, so a running engine picks up new adapters);
+on a CPU (`--vllm-adapters auto`) an adapter is instead merged into a model directory and
+the LLM restarted on it, one adapter at a time (`rlany.engines.vllm_merged`).
 Requests whose messages carry images (GUI observations) go through `LLM.chat`, which
 renders them with the model's processor and loads the local files; this needs a
 multimodal model and was not run here (no multimodal model offline): see
@@ -23,6 +25,7 @@ Log-probs are of the raw logits (`logprobs_mode="raw_logprobs"`, see compat).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +33,7 @@ from pathlib import Path
 from rlany.chat import has_images, render
 from rlany.compat import choice_kwargs
 from rlany.engines.base import Completion, EngineConfig, EngineStats, Request, Result
+from rlany.engines.vllm_merged import MergedDirs, adapter_mode, restart
 from rlany.errors import RlanyError
 from rlany.probe import Verifier
 
@@ -50,8 +54,11 @@ class VllmEngine:
         self._lora_ids: dict[str, int] = {}
         # rlany.probe: each adapter checked when loaded
         self.probes = Verifier(cfg.allow_unverified_adapter)
-        kwargs = dict(model=cfg.model, enable_prefix_caching=True, enable_lora=True,
-                      max_lora_rank=cfg.max_lora_rank, max_loras=4, seed=cfg.seed,
+        # vllm_merged: on a CPU an adapter is served as a merged model directory
+        self.adapters = adapter_mode(cfg.vllm_adapters)
+        lora = dict(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=4)
+        kwargs = dict(model=cfg.model, enable_prefix_caching=True, seed=cfg.seed,
+                      **(lora if self.adapters == "lora" else {}),
                       dtype=resolve_dtype(cfg.dtype),
                       tensor_parallel_size=cfg.tensor_parallel_size,
                       gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -61,7 +68,14 @@ class VllmEngine:
             kwargs["max_model_len"] = cfg.max_model_len
         raw = vllm_logprobs_kwargs()
         self.raw_logprobs = bool(raw)
-        self.llm = LLM(**kwargs, **raw)
+        self._kwargs = {**kwargs, **raw}
+        self.llm = LLM(**self._kwargs)
+        self._dirs = (MergedDirs(cfg.model, self._kwargs["dtype"])
+                      if self.adapters == "merged" else None)
+        self._serving: str | None = None  # merged: the adapter the LLM serves (None: base)
+        self._verified: set[str] = set()  # merged: adapters whose probe was scored
+        # merged: seconds spent writing merged directories and restarting on them
+        self.switches = {"count": 0, "merge_seconds": 0.0, "restart_seconds": 0.0}
         self.tokenizer = self.llm.get_tokenizer()
         self._eos = _eos_ids(cfg.model, self.tokenizer)
         self.seed = cfg.seed
@@ -70,6 +84,9 @@ class VllmEngine:
         self._request_seeds = vllm_supports_request_seeds()
 
     def _lora(self, adapter: str | None):
+        if self._dirs is not None:
+            self._serve(adapter)
+            return None
         if adapter is None:
             return None
         from vllm.lora.request import LoRARequest
@@ -83,6 +100,31 @@ class VllmEngine:
             self.probes.loaded(adapter, path, lambda probe: self._probe_logprobs(probe, lora))
         self.probes.require(path)
         return LoRARequest(f"adapter-{self._lora_ids[path]}", self._lora_ids[path], path)
+
+    def _serve(self, adapter: str | None) -> None:
+        """Merged mode: the LLM restarted on `adapter`'s merged directory (None: the base
+        model) unless it serves it already; an adapter is checked by its probe the first
+        time it is served, and a refused one is not merged again."""
+        path = None if adapter is None else str(Path(adapter).resolve())
+        if path is not None:
+            self.probes.require(path)
+            if not (Path(path) / "adapter_config.json").exists():
+                raise RlanyError("not a LoRA adapter directory (no adapter_config.json)",
+                                 where=adapter)
+        if path == self._serving:
+            return
+        t0 = time.perf_counter()
+        with (self._dirs.use(path) if path else contextlib.nullcontext(self.model)) as model:
+            t1 = time.perf_counter()
+            restart(self, {**self._kwargs, "model": str(model)})
+        self._serving = path
+        self.switches["count"] += 1
+        self.switches["merge_seconds"] += t1 - t0
+        self.switches["restart_seconds"] += time.perf_counter() - t1
+        if path is not None and path not in self._verified:
+            self._verified.add(path)  # checked once, as vLLM's LoRA path loads it once
+            self.probes.loaded(adapter, path, lambda probe: self._probe_logprobs(probe, None))
+            self.probes.require(path)
 
     def _probe_logprobs(self, probe: dict, lora) -> list[float] | str:
         """The probe's response log-probs under `lora` (rlany.probe), each response token
@@ -100,12 +142,14 @@ class VllmEngine:
         params = [SamplingParams(n=1, max_tokens=1, temperature=1.0, logprobs=0,
                                  allowed_token_ids=[tok]) for tok in response]
         outs = self.llm.generate(prompts, params, use_tqdm=False,
-                                 lora_request=[lora] * len(prompts))
+                                 lora_request=[lora] * len(prompts) if lora else None)
         return [out.outputs[0].logprobs[0][tok].logprob for out, tok in zip(outs, response)]
 
     def generate(self, requests: Sequence[Request]) -> list[Result]:
         if not requests:
             return []
+        if self._dirs is not None and len({r.adapter for r in requests}) > 1:
+            return self._one_adapter_at_a_time(requests)
         from vllm.inputs import TokensPrompt
 
         start = time.perf_counter()
@@ -159,6 +203,17 @@ class VllmEngine:
                     stop_reason=c.stop_reason if isinstance(c.stop_reason, str) else None))
             results.append(Result(prompt_token_ids=ids, completions=completions))
         self.stats.add(requests, results, time.perf_counter() - start)
+        return results
+
+    def _one_adapter_at_a_time(self, requests: Sequence[Request]) -> list[Result]:
+        """Merged mode serves one adapter at a time: each adapter's requests in turn."""
+        groups: dict[str | None, list[int]] = {}
+        for k, r in enumerate(requests):
+            groups.setdefault(r.adapter, []).append(k)
+        results: list = [None] * len(requests)
+        for ks in groups.values():
+            for k, res in zip(ks, self.generate([requests[k] for k in ks])):
+                results[k] = res
         return results
 
     def _params(self, s):

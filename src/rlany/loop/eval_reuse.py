@@ -81,7 +81,7 @@ def content_key(opts: Any) -> tuple[dict | None, str]:
     from rlany.models import content_digest, resolve_model
 
     try:
-        engine = resolve_engine(opts.engine)[0]
+        engine = resolve_engine(opts.engine, stage="eval")[0]
         if engine == "openai":
             return None, ("the model is served (--engine openai): its weights can change "
                           "behind the URL, and the server gives no fingerprint of them")
@@ -116,7 +116,7 @@ def _expected(opts: Any) -> dict | None:
             or opts.trajectories or opts.engine == "openai"):
         return None  # a served model can change behind its URL
     try:
-        engine = resolve_engine(opts.engine)[0]
+        engine = resolve_engine(opts.engine, stage="eval")[0]
         return {"flags": _comparable(dataclasses.asdict(opts), _ADAPTERS),
                 "model": resolve_model(opts.model), "tasks": [sha256_file(opts.input)],
                 "engine": engine, "versions": package_versions(*GEN_VERSIONS),

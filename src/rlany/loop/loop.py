@@ -98,7 +98,7 @@ class Loop:
 
             info("loop: one engine for all stages")
             t0 = time.perf_counter()
-            self._engine = start_engine(self.cfg.options("rollout", input="-"))
+            self._engine = start_engine(self.cfg.options("rollout", input="-"), "loop")
             self._engine_start = round(time.perf_counter() - t0, 1)
         return self._engine
 

@@ -11,6 +11,9 @@ ENV_LOOP = ("pending", "rejected", "proposed", "accepted_by_direction", "rejecte
             "difficulty", "lineage_depth_mean", "lineage_depth_max", "adapted_share", "stones",
             "pool_rewrites", "choice_by_kind", "choice_by_position", "choice_by_env_rank",
             "offered_by_kind")
+# a metrics row's keys that measure time, not learning: two runs of the same records differ
+# only in these
+TIMED = ("seconds", "generation_seconds")
 
 
 def collect_metrics(d: Path) -> dict:

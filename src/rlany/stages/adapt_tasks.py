@@ -100,12 +100,12 @@ class AdaptOptions(EngineFields):
     max_tokens: int = opt(384, "Max new tokens per free rewrite (and per model summary).",
                           min=1)
     temperature: float = opt(0.7, "Sampling temperature of the rewriter.", min=0)
-    rewrite: str = opt("auto", "edits: pick one of the env's numbered edits (decoded as one "
-                       "of the numbers: always valid). free: write a whole new JSON spec. "
-                       "auto: edits for envs that offer edits (all built-in ones), else free. "
-                       "random: a uniformly random edit of the same menu, no model (the "
-                       "control). learnability: the edit whose kind's measured success is "
-                       "nearest 0.5, no model.",
+    rewrite: str = opt("auto", "How a task is rewritten: edits (the model picks one of the "
+                       "env's numbered edits, always valid), free (it writes a whole new JSON "
+                       "spec, the paper's way), auto (edits where the env offers them, as all "
+                       "built-in ones do, else free), random (a uniformly random edit, no "
+                       "model: the control) or learnability (the edit whose kind's measured "
+                       "success is nearest 0.5, no model). Each: docs/stages/adapt-tasks.md.",
                        choices=REWRITES)
     critic: str = opt("auto", "What the rewriter reads of a task's episodes: judge (the "
                       "judge's critiques), env (the env's account from --trajectories: how "
@@ -217,7 +217,7 @@ def _rewriter(opts: AdaptOptions, engine: Engine | None, needed: bool) -> Engine
         return RandomEdits(opts.seed, opts.iteration)
     if opts.rewrite == "learnability":
         return None
-    return engine or (start_engine(opts) if needed else None)
+    return engine or (start_engine(opts, "adapt-tasks") if needed else None)
 
 
 def run(opts: AdaptOptions, engine: Engine | None = None) -> dict:

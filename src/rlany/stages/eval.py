@@ -223,7 +223,7 @@ def run(opts: EvalOptions, engine=None) -> dict:
         return chosen, in_shard
     (tasks, in_shard), reader, engine = begin_generation(
         opts, {"--output": opts.output, "--trajectories": opts.trajectories}, engine,
-        {"--judge-adapter": opts.judge_adapter}, pick=pick)
+        {"--judge-adapter": opts.judge_adapter}, pick=pick, stage="eval")
     ropts, jopts = opts.rollout_options(), opts.judge_options()
     policy = {"model": engine.model, "adapter": opts.adapter}
     # too many errored episodes (or none that ran) fail here, before anything is written

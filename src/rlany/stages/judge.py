@@ -238,7 +238,7 @@ def run(opts: JudgeOptions, engine: Engine | None = None) -> dict:
     limits.check_verdicts(opts.m, sum(sizes[t] for t in keep), sum(steps[t] for t in keep),
                           opts.batch_trajectories)
     engine = (NoModel("labels", "--labels: the env's step labels, no model") if opts.labels
-              else engine or start_engine(opts))
+              else engine or start_engine(opts, "judge"))
     flags = engine_flags(opts, engine)
     with output_lock(opts.output, seen=seen):
         out = ResumableJsonl(opts.output, header={"flags": flags, "input": reader.sha256})

@@ -67,7 +67,8 @@ def series(run: dict, key: str) -> dict[int, tuple[float, list[float] | None, in
 def arm_line(arm: str, data: list[dict], key: str) -> dict | None:
     """The seeds of one arm as one line, with the band the research plots use too: eval
     success pooled over the seeds with its 95% Wilson interval (where every point has its
-    episode count), any other metric the mean with a 95% t-interval over the seeds."""
+    episode count), any other metric the mean with a 95% t-interval over the seeds.
+    `bands`: each point's interval, None where it has none (one seed)."""
     from rlany.stats import t_interval, wilson_interval
 
     xs = sorted({x for d in data for x in d})
@@ -85,7 +86,7 @@ def arm_line(arm: str, data: list[dict], key: str) -> dict | None:
     how = "pooled; band: 95% Wilson" if pooled else "mean; band: 95% t over seeds"
     return {"label": f"{arm} ({seeds} seeds, {how})", "x": xs, "y": ys,
             "lo": [b[0] if b else y for b, y in zip(bands, ys)],
-            "hi": [b[1] if b else y for b, y in zip(bands, ys)], "band": True}
+            "hi": [b[1] if b else y for b, y in zip(bands, ys)], "band": True, "bands": bands}
 
 
 def lines(runs: list[dict], key: str) -> list[dict]:

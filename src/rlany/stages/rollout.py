@@ -321,7 +321,8 @@ def run(opts: RolloutOptions, engine: Engine | None = None) -> dict:
         return chosen, in_shard, len(tasks)
     (tasks, in_shard, input_tasks), reader, engine = begin_generation(
         opts, {"--output": opts.output}, engine, sides=resumable_sides(opts.output), pick=pick,
-        check=(lambda t: has_expert(t, opts.expert_p is not None)) if opts.expert else None)
+        check=(lambda t: has_expert(t, opts.expert_p is not None)) if opts.expert else None,
+        stage="rollout")
     flags = engine_flags(opts, engine)
     stats = engine.stats
     mark = stats.mark()

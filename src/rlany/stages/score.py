@@ -133,14 +133,11 @@ class ScoreOptions(StepCreditFields):
                            "be met by a bias toward -1 (most steps of a hard task fail) and "
                            "teaches which steps are good.", diagnostic=True)
     rm_target: str = opt("outcome", "What a judge verdict must agree with under train-rm's "
-                         "exact objectives (rm_target). outcome: the trajectory's outcome O "
-                         "(label-free, the sign of the paper's R where its sampled estimator "
-                         "trains). label: train the judge on the env's step labels "
-                         "(supervised: the judge warm start of docs/stages/loop.md; a step "
-                         "without a label is an error). integrated: R = O + lambda * mean(S), "
-                         "which holds the judge's own verdicts (a judge saying +1 everywhere "
-                         "gets R = 0 on failures, is never corrected and collapsed so: "
-                         "research/LOG.md). R * S (sampled) uses R unless label.",
+                         "exact objectives (rm_target): the trajectory's outcome O (outcome, "
+                         "label-free), R itself (integrated) or the env's step label (label, "
+                         "supervised; a step without one is an error). The sampled "
+                         "estimator's R * S uses R unless label. Why each, and how "
+                         "integrated collapses: docs/stages/score.md.",
                          choices=("outcome", "integrated", "label"))
     step_scores: str = opt("judge", "Where S comes from in R = O + lambda * mean(S): the judge's "
                            "verdicts (judge, the paper), the env's own step labels (label: "

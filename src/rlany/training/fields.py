@@ -46,15 +46,15 @@ class TrainFields:
     iteration: int = opt(0, "Loop iteration, recorded in rlany.json.", scope="io", min=0)
     seed: int = opt(0, "Seed of the LoRA init and the sample order.", scope="run", min=0,
                     max=limits.MAX_SEED)
-    lr: float = opt(3e-4, "AdamW learning rate. LoRA: 3e-4 (research/LOG.md, 2026-11-22: "
-                    "2e-5 did not move SmolLM2-135M in 3 iterations, 3e-4 and 1e-3 did); "
-                    "full fine-tuning wants ~1e-6. `rlany loop` from a warm start trains "
-                    "at 1e-4 where its config gives none (docs/stages/loop.md).",
+    lr: float = opt(3e-4, "AdamW learning rate: 3e-4 for LoRA, ~1e-6 for full fine-tuning "
+                    "(how each was chosen: train-policy's README). `rlany loop` "
+                    "from a warm start trains at 1e-4 where its config gives none "
+                    "(docs/stages/loop.md).",
                     min=0, min_exclusive=True)
     lr_schedule: str = opt("constant", "The learning rate over this run's optimizer steps: "
                            "constant, or decayed from --lr toward 0 by its last step (linear, "
                            "cosine), so the last few small, noisy batches cannot swing the "
-                           "model (research/LOG.md, 2026-11-23: the reward model's).",
+                           "model (why: train-policy's README).",
                            choices=LR_SCHEDULES)
     epochs: int = opt(1, "Passes over the samples.", min=1)
     micro_batch: int = opt(4, "Sequences per forward/backward.", min=1)
