@@ -539,9 +539,9 @@ def _patches(stack: ExitStack, slot: Slot, started: list[str]) -> None:
 
     real_start = rlany.stage_engine.start_engine
 
-    def start_engine(opts):
+    def start_engine(opts, stage=None):
         started.append("engine")
-        return real_start(opts)
+        return real_start(opts, stage)
 
     stack.enter_context(mock.patch.object(rlany.stage_engine, "start_engine", start_engine))
     if slot.stage.startswith("train"):
