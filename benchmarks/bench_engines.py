@@ -163,8 +163,9 @@ def main(argv=None) -> int:
 
     configure_vllm_cpu_env()
     tmp = Path(tempfile.mkdtemp(prefix="bench-engines-"))
-    os.environ["RLANY_CACHE"] = str(tmp / "cache")  # a fresh merge cache: merges counted
+    # the model from the user's cache, then a fresh merge cache: every merge counted
     base = str(make_tiny(tmp / "tiny")) if args.tiny else resolve_model("smollm2")
+    os.environ["RLANY_CACHE"] = str(tmp / "cache")
     dtype = resolve_dtype(args.dtype)
     tasks = [from_json(Task, r) for r in jsonlines.open(EXAMPLES / "learn_tasks.jsonl")]
     tasks = tasks[:2] if args.tiny else tasks[:16]
