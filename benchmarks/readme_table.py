@@ -109,7 +109,19 @@ def _demo(r: dict) -> str:
     return (f"{r['minutes']} min; held-out {b['successes']}/{b['episodes']} -> "
             f"{f['successes']}/{f['episodes']}, gain {r['gain']:+.3f} (95% {lo_hi[0]:+.3f} to "
             f"{lo_hi[1]:+.3f}), seed 0" + (" (resumed: minutes of the rerun)" if r["resumed"]
-                                          else ""))
+                                          else "") + _demo_extra(r))
+
+
+def _demo_extra(r: dict) -> str:
+    """bench_demo's later figures (issue 65), where the file has them: the rollouts' seconds
+    per token over iteration 0's against their target, and the real-AVX2 estimate."""
+    t, e = r.get("per_token") or {}, r.get("avx2_estimate")
+    ratios = ", ".join(f"{k} {v}" for k, v in (t.get("over_iteration_0") or {}).items())
+    met = {True: "met", False: "**not met**", None: "-"}[t.get("met")]
+    return ((f"; rollout s/token over iteration 0's: {ratios} ({t['target']}: {met})"
+             if ratios else "")
+            + (f"; real AVX2 estimated {e['minutes']} min ({e['goal']}: an estimate)"
+               if e else ""))
 
 
 def _suite(r: dict) -> str:

@@ -14,16 +14,8 @@ config_name=$(basename "${DEMO_CONFIG:-}" .toml)
 name=${DEMO_NAME:-demo${DEMO_CONFIG:+-$config_name}}
 rlany models prepare smollm2 >/dev/null
 if [ -z "${DEMO_CONFIG:-}" ]; then  # benchmarks/bench_demo.py, alone on 2 cores
-  python - <<'PY' >&2
-from rlany.compat import machine_profile
-p = machine_profile()
-# fp32: 12.1 min measured with AVX2 kernels forced (results/demo-avx2forced-float32.json);
-# bf16: not timed as make demo, ~8 from the learning benchmark's grouped runs
-kind, minutes = (("AVX-512 + native bf16", "8") if p["dtype"] == "bfloat16"
-                 else ("no native bf16 (fp32 training)", "12-16"))
-print(f"demo: about {minutes} minutes on a 2-core CPU with {kind}, as this one "
-      f"({p['cpu_capability']}, {p['cores']} cores usable); rerun to resume after a kill")
-PY
+  # the minutes benchmarks/results/demo-SETTING.json measured on this CPU setting, if any
+  echo "$(python benchmarks/bench_demo.py --expected); rerun to resume after a kill" >&2
 fi
 # learn.toml's policy RL with the demo's budget: batches that hold a task's rollouts
 # together (each shared prompt computed once: ~5x fewer tokens a training step) and 64
