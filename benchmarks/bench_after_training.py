@@ -7,6 +7,9 @@ after the loop, on the same machine:
 
     make demo 2> demo.log    # or any `rlany loop` whose stderr was kept
     python benchmarks/bench_after_training.py --log demo.log --iteration 2 --rounds 2
+
+Writes results/after_training-itN-SETTING.json (SETTING as `common.cpu_setting` names it;
+the AVX2 switches, set for both the loop and this, reach the fresh processes).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save  # noqa: E402
+from common import cpu_setting, save  # noqa: E402
 
 
 def loop_command(log: Path, iteration: int) -> list[str]:
@@ -56,7 +59,10 @@ def main(argv=None) -> int:
             print(fresh[-1], file=sys.stderr, flush=True)
     fastest = min(f["generate_seconds"] for f in fresh)  # the fairest fresh figure
     ratio = loop_meta["generate_seconds"] / fastest
-    print(save(f"after_training-it{args.iteration}", {
+    from rlany.compat import resolve_dtype
+
+    setting = cpu_setting(resolve_dtype("auto"))[0]  # AVX2 forced: the switches, inherited
+    print(save(f"after_training-it{args.iteration}-{setting}", {
         "metric": "generate seconds of one loop rollout: inside the loop after training / "
                   "in a fresh process",
         "command": shlex.join(cmd), "loop": {k: loop_meta[k] for k in (
