@@ -120,8 +120,14 @@ def _demo_extra(r: dict) -> str:
     met = {True: "met", False: "**not met**", None: "-"}[t.get("met")]
     return ((f"; rollout s/token over iteration 0's: {ratios} ({t['target']}: {met})"
              if ratios else "")
-            + (f"; real AVX2 estimated {e['minutes']} min ({e['goal']}: an estimate)"
+            + (f"; real AVX2 estimated {_span(e['minutes'])} min ({e['goal']}: "
+               f"{ {True: 'met', False: '**not met**', None: '-'}[e.get('met')]}, an estimate)"
                if e else ""))
+
+
+def _span(minutes) -> str:
+    """An estimate's minutes: a range [low, high] or, in older files, one figure."""
+    return f"{minutes[0]}-{minutes[1]}" if isinstance(minutes, list) else str(minutes)
 
 
 def _suite(r: dict) -> str:

@@ -57,12 +57,24 @@ def test_one_slow_iteration_misses_and_without_iteration_0_nothing_is_claimed(tm
     assert per_token([])["met"] is None
 
 
-def test_the_avx2_goal_is_an_estimate_that_says_how():
-    e = avx2_estimate(9.04, resumed=False)
-    assert e["minutes"] == 9.0 and e["met"] is True and e["estimate"] is True
+def _scale_files(results: Path, real: dict, forced: dict) -> Path:
+    results.mkdir(exist_ok=True)
+    for name, steps in (("shared_prefix-avx2-float32.json", real),
+                        ("shared_prefix-avx2forced-float32.json", forced)):
+        (results / name).write_text(json.dumps({"seconds_per_step": steps}))
+    return results
+
+
+def test_the_avx2_goal_is_an_estimate_scaled_by_the_measured_ratio(tmp_path):
+    """The forced minutes x real/forced seconds of the same training steps (two files)."""
+    res = _scale_files(tmp_path / "r", {"shared": 6.0, "plain": 15.0},
+                       {"shared": 5.0, "plain": 10.0})  # ratios 1.2 and 1.5
+    e = avx2_estimate(6.0, resumed=False, results=res)
+    assert e["minutes"] == [7.2, 9.0] and e["met"] is True and e["estimate"] is True
     assert "<= 10 min on a real AVX2 CPU" == e["goal"] and "not a measurement" in e["how"]
-    assert avx2_estimate(11.0, resumed=False)["met"] is False
-    assert avx2_estimate(5.0, resumed=True)["met"] is None  # a rerun's minutes claim nothing
+    assert avx2_estimate(7.0, resumed=False, results=res)["met"] is False  # 10.5 at the top
+    assert avx2_estimate(5.0, resumed=True, results=res)["met"] is None  # a rerun claims none
+    assert avx2_estimate(5.0, False, results=tmp_path / "none")["minutes"] is None
 
 
 def _machine(**profile) -> dict:
@@ -82,10 +94,11 @@ def test_demo_states_the_measured_minutes_of_this_cpu_setting_or_none(tmp_path):
     # a real AVX2 CPU without its own file: the AVX2-forced run's estimate, said as one
     (tmp_path / "demo-avx2forced-float32.json").write_text(json.dumps({
         "minutes": 8.2, "machine": _machine(cpu_capability="AVX2"),
-        "avx2_estimate": avx2_estimate(8.2, resumed=False)}))
+        "avx2_estimate": avx2_estimate(8.2, resumed=False, results=_scale_files(
+            tmp_path / "r", {"shared": 6.0, "plain": 15.0}, {"shared": 5.0, "plain": 10.0}))}))
     line = expected("avx2-float32", tmp_path)
     assert line.startswith("demo: no measured time for this CPU setting (avx2-float32); "
-                           "estimated 8.2 min from AVX2 kernels forced") and "estimate" in line
+                           "estimated 9.8-12.3 min from AVX2 kernels forced") and "estimate" in line
     assert "AVX2 forced" in expected("avx2forced-float32", tmp_path)
 
 
@@ -114,7 +127,10 @@ def test_the_speed_tables_demo_row_shows_the_per_token_ratios_and_the_estimate(t
     plain = readme_table.row(r)
     assert "s/token" not in plain and "estimated" not in plain  # files before issue 65
     row = readme_table.row({**r, "per_token": tokens,
-                            "avx2_estimate": avx2_estimate(8.2, resumed=False)})
+                            "avx2_estimate": avx2_estimate(8.2, resumed=False, results=_scale_files(
+                                tmp_path / "r", {"shared": 6.0, "plain": 15.0},
+                                {"shared": 5.0, "plain": 10.0}))})
     assert row.replace(
         "; rollout s/token over iteration 0's: iter_001 1.06 (<= 1.05: **not met**); real "
-        "AVX2 estimated 8.2 min (<= 10 min on a real AVX2 CPU: an estimate)", "") == plain
+        "AVX2 estimated 9.8-12.3 min (<= 10 min on a real AVX2 CPU: **not met**, an estimate)",
+        "") == plain
