@@ -10,9 +10,9 @@ machine.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
+
+import _write_or_check as write_or_check
 
 DOC = Path(__file__).parent / "cli.md"
 WIDTH = 120
@@ -66,21 +66,5 @@ def render() -> str:
     return "\n".join(parts)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if docs/cli.md differs from the commands' help")
-    args = parser.parse_args()
-    text = render()
-    if args.check:
-        if not DOC.exists() or DOC.read_text() != text:
-            sys.exit(f"{DOC} is stale: run `make docs`")
-        return
-    tmp = DOC.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(DOC)
-    print(f"wrote {DOC}", file=sys.stderr)
-
-
 if __name__ == "__main__":
-    main()
+    write_or_check.main(__doc__, DOC, render, f"{DOC} is stale: run `make docs`")

@@ -1,27 +1,17 @@
 """The generated CLI reference is current, and every option is in its command's `--help`."""
 
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 
 import typer
 from typer.testing import CliRunner
 
+from conftest import load_script
 from rlany.options import command, from_table, opt, specs, to_argv
 from rlany.stages import COMMANDS
 
-ROOT = Path(__file__).parent.parent
-
-
-def _gen_cli():
-    spec = importlib.util.spec_from_file_location("gen_cli", ROOT / "docs" / "gen_cli.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_cli_reference_is_current():
-    gen = _gen_cli()
+    gen = load_script("docs/gen_cli.py")
     text = gen.render()
     assert text.splitlines()[0] == gen.HEADER and "do not edit by hand" in gen.HEADER
     assert gen.DOC.read_text() == text, "docs/cli.md is stale: run `make docs`"
