@@ -5,15 +5,14 @@
 
 Each command's help is rendered in-process through typer's CliRunner at a fixed width (120
 columns), without colour, with trailing spaces stripped, so the file is the same on every
-machine. A command with research switches is rendered with `--help-all`, so the reference
-lists them too (under their own heading).
+machine.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
+
+import _write_or_check as write_or_check
 
 DOC = Path(__file__).parent / "cli.md"
 WIDTH = 120
@@ -29,22 +28,21 @@ def commands(group, path: tuple[str, ...] = ()):
             yield from commands(cmd, path + (name,))
 
 
-def help_text(app, path: tuple[str, ...], cmd) -> str:
+def help_text(app, path: tuple[str, ...]) -> str:
     from typer import rich_utils
     from typer.testing import CliRunner
 
-    flag = "--help-all" if any(p.name == "help_all" for p in cmd.params) else "--help"
     saved = rich_utils.MAX_WIDTH, rich_utils.FORCE_TERMINAL, rich_utils.COLOR_SYSTEM
     rich_utils.MAX_WIDTH, rich_utils.FORCE_TERMINAL, rich_utils.COLOR_SYSTEM = WIDTH, False, None
     try:
-        result = CliRunner().invoke(app, [*path, flag], prog_name="rlany",
+        result = CliRunner().invoke(app, [*path, "--help"], prog_name="rlany",
                                     env={"COLUMNS": str(WIDTH), "NO_COLOR": "1"})
     finally:
         rich_utils.MAX_WIDTH, rich_utils.FORCE_TERMINAL, rich_utils.COLOR_SYSTEM = saved
     if result.exit_code != 0:
-        raise SystemExit(f"rlany {' '.join(path)} {flag} failed: {result.output}")
+        raise SystemExit(f"rlany {' '.join(path)} --help failed: {result.output}")
     if "\u2026" in result.output:  # rich cut a column: the reference would lose words
-        raise SystemExit(f"rlany {' '.join(path)} {flag}: a column is cut at {WIDTH} columns; "
+        raise SystemExit(f"rlany {' '.join(path)} --help: a column is cut at {WIDTH} columns; "
                          "raise WIDTH in docs/gen_cli.py")
     lines = [line.rstrip() for line in result.output.splitlines()]
     while lines and not lines[0]:
@@ -61,29 +59,12 @@ def render() -> str:
 
     root = typer.main.get_command(app)
     parts = [HEADER, "", "# rlany command reference", "",
-             "Every command's `--help` (with `--help-all` where a command has research "
-             "switches).", ""]
-    for path, cmd in commands(root):
+             "Every command's `--help`.", ""]
+    for path, _ in commands(root):
         parts += [f"## rlany {' '.join(path)}".rstrip(), "", "```text",
-                  help_text(app, path, cmd), "```", ""]
+                  help_text(app, path), "```", ""]
     return "\n".join(parts)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if docs/cli.md differs from the commands' help")
-    args = parser.parse_args()
-    text = render()
-    if args.check:
-        if not DOC.exists() or DOC.read_text() != text:
-            sys.exit(f"{DOC} is stale: run `make docs`")
-        return
-    tmp = DOC.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(DOC)
-    print(f"wrote {DOC}", file=sys.stderr)
-
-
 if __name__ == "__main__":
-    main()
+    write_or_check.main(__doc__, DOC, render, f"{DOC} is stale: run `make docs`")

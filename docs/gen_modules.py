@@ -11,10 +11,10 @@ imported.
 
 from __future__ import annotations
 
-import argparse
 import ast
-import sys
 from pathlib import Path
+
+import _write_or_check as write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "rlany"
@@ -53,18 +53,5 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the map is stale")
-    args = parser.parse_args()
-    text = render()
-    if args.check:
-        if DOC.read_text() != text:
-            sys.exit(f"{DOC} is stale: run `make docs`")
-        return
-    DOC.write_text(text)
-    print(f"wrote {DOC}")
-
-
 if __name__ == "__main__":
-    main()
+    write_or_check.main(__doc__, DOC, render, f"{DOC} is stale: run `make docs`")

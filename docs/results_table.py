@@ -19,11 +19,12 @@ benchmarks/common.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import _write_or_check as write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -200,22 +201,6 @@ def render(doc: str) -> str:
     return doc
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if README.md's results differ from the results files")
-    args = parser.parse_args()
-    doc = README.read_text()
-    text = render(doc)
-    if args.check:
-        if text != doc:
-            sys.exit("README.md's results are stale or edited by hand: run `make docs`")
-        return
-    tmp = README.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(README)
-    print(f"wrote {README}", file=sys.stderr)
-
-
 if __name__ == "__main__":
-    main()
+    write_or_check.main(__doc__, README, lambda: render(README.read_text()),
+                        "README.md's results are stale or edited by hand: run `make docs`")

@@ -30,7 +30,7 @@ never resumes or overwrites the full benchmark's.
     python research/learning.py                       # policy-only and full, seeds 0 1 2
     python research/learning.py --reduced             # seed 0, 2 iterations: ~25 min here
     python research/learning.py --arms +step +rm --seeds 0
-    python research/learning.py --arms +rm --tag balance --set score.rm_balance=true
+    python research/learning.py --arms +step --tag label --set score.step_scores=label
     python research/learning.py --arms policy-only full --seeds 0 --warm-start
     python research/learning.py --report-only --readme
 
@@ -162,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to `rlany loop --set` (every run)")
     parser.add_argument("--tag", help="a variant of the arms (with --set): runs are named "
-                        "ARM-TAG-sSEED and reported as their own rows, e.g. --tag balance "
-                        "--set score.rm_balance=true")
+                        "ARM-TAG-sSEED and reported as their own rows, e.g. --tag label "
+                        "--set score.step_scores=label")
     parser.add_argument("--warm-start", action="store_true",
                         help="start every run from a warm start (tag 'warm' unless --tag): "
                         "the loop's warm_start = true (the env's expert demonstrations on "

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,18 @@ def write_jsonl(path: Path, records) -> Path:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def load_script(path: str) -> types.ModuleType:
+    """A script of the repository (`docs/gen_cli.py`, ...) loaded afresh as a module, as
+    `python PATH` runs it: its folder first on sys.path, so its sibling imports resolve."""
+    file = Path(__file__).resolve().parent.parent / path
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_cli(*args: str, cwd: Path | None = None, stdin: str | None = None,

@@ -124,9 +124,6 @@ def test_cli_refusals_are_one_line(tmp_path, cli):
     assert f"{trajs}:2:" in line and "--outcome return" in line and not out.exists()
     line = one_line(cli("score", "-i", str(trajs), "-o", str(out), "--outcome", "gain"), 2)
     assert "--outcome" in line
-    line = one_line(cli("score", "-i", str(trajs), "-o", str(out), "--outcome", "return",
-                        "--lam-gate", "agreement"), 2)
-    assert "--lam-gate" in line and "--outcome return" in line and not out.exists()
 
 
 # -- the done-when: trained on an OpenEnv server's reward, not its success --------

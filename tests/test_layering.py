@@ -292,3 +292,29 @@ def test_benchmarks_never_import_research():
            for p in scripts(BENCHMARKS) for line, module, _ in imports(p)
            if module.split(".")[0] in lab]
     assert not bad, "benchmarks/ imports research/:\n" + "\n".join(bad)
+
+
+def lab_citations(package: Path = SRC / "rlany") -> list[str]:
+    """`path:line` of each line of a product file (a module, a README, any file under
+    src/rlany) that names research/: the reasoning behind the product lives in its stage
+    docs, not in the lab's notebook. rlany/api.py names research/ as its client."""
+    files = [p for p in sorted(package.rglob("*")) if p.is_file() and p.suffix != ".pyc"
+             and p != package / "api.py"]
+    return [f"{p.relative_to(package.parent)}:{n}" for p in files
+            for n, line in enumerate(p.read_bytes().decode(errors="replace").splitlines(), 1)
+            if "research/" in line]
+
+
+def test_the_product_cites_no_lab():
+    bad = lab_citations()
+    assert not bad, ("a product file cites the lab (move the reasoning to docs/stages/, or "
+                     "drop the citation):\n" + "\n".join(bad))
+
+
+def test_the_citation_check_catches_one(tmp_path):
+    package = tmp_path / "rlany"
+    (package / "envs").mkdir(parents=True)
+    (package / "api.py").write_text('"""The API research/ imports."""\n')
+    (package / "x.py").write_text('"""Fine."""\n# measured: research/LOG.md\n')
+    (package / "envs" / "README.md").write_text("Run `python research/pages.py`.\n")
+    assert lab_citations(package) == ["rlany/envs/README.md:1", "rlany/x.py:2"]

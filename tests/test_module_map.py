@@ -1,17 +1,15 @@
 """The module map (docs/modules.md) is generated from the tree and current: every module of
 src/rlany is in it, under its package, with its docstring's first sentence."""
 
-import importlib.util
 from pathlib import Path
+
+from conftest import load_script
 
 ROOT = Path(__file__).parent.parent
 
 
 def _gen():
-    spec = importlib.util.spec_from_file_location("gen_modules", ROOT / "docs" / "gen_modules.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/gen_modules.py")
 
 
 def test_module_map_is_current():

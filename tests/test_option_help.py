@@ -2,8 +2,8 @@
 lab notebook. The reasoning behind a flag (why its default, what an experiment showed)
 lives in the stage's README (`stages/<stage>/README.md`), which the help may name.
 
-Checked over every option and argument of every command and subcommand, research switches
-(`--help-all`) included, as click holds them after typer built the app."""
+Checked over every option and argument of every command and subcommand, as click holds
+them after typer built the app."""
 
 from __future__ import annotations
 
@@ -81,12 +81,11 @@ def test_option_help_is_short_and_cites_no_lab():
     ("Decayed toward 0 (research/LOG.md, 2026-11-23).", "cites the lab"),
 ])
 def test_a_planted_help_fails(text, why):
-    """The checker on a toy command whose one option breaks the rule (a research switch,
-    hidden from --help, is checked too)."""
+    """The checker on a toy command whose one option breaks the rule."""
     @dataclass(frozen=True, kw_only=True)
     class Toy:
         fine: int = opt(1, "Fine. Two. Three.", min=1)
-        planted: str = opt("a", text, diagnostic=True)
+        planted: str = opt("a", text)
 
     toy = typer.Typer()
     command(toy, "toy", Toy, lambda opts: None, "A toy stage.", ("rlany toy --fine 2",))

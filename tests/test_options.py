@@ -60,8 +60,6 @@ def test_printed_command_round_trips_through_the_cli(table, monkeypatch):
     if table in ("score", "adapt_tasks"):  # 0 <= low <= high <= 1
         values.update(rm_acc_min=0.1, rm_acc_max=0.9) if table == "score" else \
             values.update(alpha_low=0.1, alpha_high=0.9)
-    if table == "score":  # --lam-gate agreement measures against success outcomes only
-        values.update(lam_gate="none")
     if "base_url" in values:  # a server's URL
         values.update(base_url="http://127.0.0.1:8000/v1")
     if "kl_ref" in values:  # a fixed KL reference is LoRA's: --full stays off

@@ -8,11 +8,12 @@ Pure reads of README.md and the results JSONs: no model runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -24,11 +25,7 @@ NOT_FIGURES = {"2602.02488": "the paper's arXiv id", "95%": "an interval's level
 
 
 def _results_table():
-    spec = importlib.util.spec_from_file_location("results_table",
-                                                  ROOT / "docs" / "results_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/results_table.py")
 
 
 def block(text: str, name: str) -> str:

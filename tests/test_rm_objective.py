@@ -207,9 +207,9 @@ def test_auto_objective_is_logloss_for_bare_verdicts_and_pg_for_reasoning(tmp_pa
     assert _auto_objective(write_jsonl(tmp_path / "o.jsonl", old), "o") == "pg"
 
 
-def test_one_balance_for_score_and_train_rm():
-    """`score --rm-balance` and train-rm's verdict weights are one function (rlany.stats):
-    a target of 0 keeps weight 1 and does not count on either side."""
+def test_train_rm_balances_verdicts_with_the_side_weights():
+    """train-rm's verdict weights are rlany.stats' side weights: a target of 0 keeps weight
+    1 and does not count on either side."""
     from rlany.stats import side_weights
 
     assert side_weights([1.0, 0.0, -1.0, -2.0]) == [1.5, 1.0, 0.75, 0.75]

@@ -29,8 +29,8 @@ def cpu_flags() -> set[str]:
 
 def cpu_model() -> str | None:
     """The CPU's model name: hosts with the same instruction sets still differ in speed
-    (two 2-core AVX-512 hosts rolled out the same episodes in 103 and 165 s,
-    research/LOG.md 2026-11-26), so benchmarks record it."""
+    (two 2-core AVX-512 hosts rolled out the same episodes in 103 and 165 s), so
+    benchmarks record it."""
     return _cpuinfo("model name") or platform.processor() or None
 
 

@@ -15,11 +15,8 @@ Scopes: "stage" fields are flags and keys of the stage's `[table]` in a loop con
 fields (model, engine, seed, ...) are flags and top-level keys of a loop config, shared by
 every stage; "io" fields (paths, adapters, the iteration) are flags the loop sets itself.
 
-Research switches: `opt(..., diagnostic=True)` marks a field added to diagnose an
-experiment. It stays a flag and a loop key like any other, but `--help` leaves it out; the
-command's `--help-all` shows it under "Research (diagnostic)". research/README.md lists
-each with what it measures (benchmarks/README.md the two a speed benchmark uses).
-`panel=` groups ordinary options under their own heading.
+Every field is in its command's `--help`: there are no hidden options. `panel=` lists a
+group of options under their own heading.
 """
 
 from __future__ import annotations
@@ -40,7 +37,6 @@ VLLM_ADAPTERS = ("auto", "lora", "merged")  # --vllm-adapters (rlany.engines.vll
 
 SCOPES = ("stage", "run", "io")
 SCOPE_ORDER = {"io": 0, "stage": 1, "run": 2}
-RESEARCH_PANEL = "Research (diagnostic)"
 
 
 @dataclass(frozen=True)
@@ -52,20 +48,17 @@ class Spec:
     min: float | None = None
     max: float | None = None
     min_exclusive: bool = False
-    diagnostic: bool = False  # a research switch: out of --help, in --help-all
     panel: str | None = None  # the --help heading it is listed under (default: Options)
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, scope: str = "stage",
         short: str | None = None, choices: tuple[str, ...] = (), min: float | None = None,
-        max: float | None = None, min_exclusive: bool = False, diagnostic: bool = False,
+        max: float | None = None, min_exclusive: bool = False,
         panel: str | None = None) -> Any:
-    """A documented option field. No default: a required flag. `diagnostic=True`: a
-    research switch (see the module docstring)."""
+    """A documented option field. No default: a required flag."""
     assert scope in SCOPES, scope
-    assert not (diagnostic and panel), "a research switch is listed under its own panel"
     meta = {"rlany": Spec(help, scope, short, tuple(choices), min, max, min_exclusive,
-                          diagnostic, panel)}
+                          panel)}
     return field(default=default, metadata=meta)
 
 
@@ -254,9 +247,7 @@ def command(app: Any, name: str, cls: type, run: Callable[[Any], Any], doc: str,
         names = [flag(key)] + ([spec.short] if spec.short else [])
         kw: dict[str, Any] = {"help": spec.help + (" Can be repeated." if
                                                    typing.get_origin(inner) is tuple else ""),
-                              "hidden": spec.diagnostic,
-                              "rich_help_panel": RESEARCH_PANEL if spec.diagnostic else
-                              spec.panel}
+                              "rich_help_panel": spec.panel}
         if inner is bool:
             names = [f"{flag(key)}/--no-{key.replace('_', '-')}"]
         if typing.get_origin(inner) is tuple:
@@ -273,15 +264,8 @@ def command(app: Any, name: str, cls: type, run: Callable[[Any], Any], doc: str,
             key, inspect.Parameter.KEYWORD_ONLY,
             default=inspect.Parameter.empty if required else default,
             annotation=Annotated[annotation, typer.Option(*names, **kw)]))
-    if any(spec.diagnostic for _, _, spec in specs(cls).values()):
-        params.append(inspect.Parameter(
-            "help_all", inspect.Parameter.KEYWORD_ONLY, default=False,
-            annotation=Annotated[bool, typer.Option(
-                "--help-all", is_eager=True, expose_value=False, callback=_help_all_callback(),
-                help="Show this message with the research switches too, and exit.")]))
 
     def cli(**kwargs: Any) -> None:
-        kwargs.pop("help_all", None)  # typer passes it (False) though it is not a value
         for key in lists:
             if kwargs[key] is None:
                 kwargs.pop(key)
@@ -300,21 +284,3 @@ def command(app: Any, name: str, cls: type, run: Callable[[Any], Any], doc: str,
     epilog = "**Example**\n\n" + "\n\n".join(f"`{line}`" for line in examples)
     app.command(name, epilog=epilog)(cli)
 
-
-
-def _help_all_callback() -> Callable[..., None]:
-    """`--help-all`: the command's help with its hidden research switches shown (under
-    their own panel), printed as click prints `--help`. The click command is built afresh
-    for every invocation, so un-hiding its parameters here changes nothing for the next."""
-    import typer
-
-    def show(ctx: typer.Context, value: bool) -> None:
-        if not value or ctx.resilient_parsing:
-            return
-        for param in ctx.command.params:
-            param.hidden = False
-        typer.echo(ctx.get_help(), color=ctx.color)
-        raise typer.Exit()
-    # typer reads the annotations to pass the context; this module's are strings
-    show.__annotations__ = {"ctx": typer.Context, "value": bool, "return": None}
-    return show

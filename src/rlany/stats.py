@@ -48,7 +48,7 @@ def side_weights(targets: list[float]) -> list[float]:
     """Class weights that make the two sides of 0 weigh the same: k / (2 k_side) for the k
     nonzero targets, k_side of them on the target's side (each side weighs k / 2 in total; a
     lone one among many can weigh several times one); 1 for a target of 0 and for all where
-    the nonzero ones lie on one side. `train-rm`'s verdict samples and `score --rm-balance`."""
+    the nonzero ones lie on one side: `train-rm`'s verdict samples."""
     k, k_pos = sum(t != 0 for t in targets), sum(t > 0 for t in targets)
     if k_pos in (0, k):
         return [1.0] * len(targets)

@@ -6,7 +6,8 @@ expert here. `PLANS` names the tasks that have one, with the most steps its plan
 `LADDERS` orders them easier -> harder for `edits`. The experts of choose-list (select),
 enter-date and enter-time (a date/time input's value), click-collapsible (an accordion's
 `tab` header) and terminal (type a command, press Enter) need the actions and rows that
-came with the BrowserGym action set (issue 51); `research/miniwob_pages.py` runs them.
+came with the BrowserGym action set (issue 51); every expert solves its page
+(src/rlany/envs/README.md, "miniwob").
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def collect_metrics(d: Path) -> dict:
         "rm_samples": score.get("rm_samples"),
         "judge_parse_fail_rate": judge.get("parse_fail_rate"),
         "judge_outcome_agreement": score.get("judge_outcome_agreement"),
-        "lam": score.get("lam"),  # lambda as scored: below [score] lam under lam_gate
+        "lam": score.get("lam"),  # lambda as scored: [score] lam
         # [score] step_credit = "gigpo": the share of steps whose anchor state another step
         # of the task's rollouts met too, and the steps per anchor group (rlany.stages.gigpo)
         "anchor_shared_share": score.get("anchor_shared_share"),

@@ -78,8 +78,8 @@ def _kl_init(lp: Run, table: str) -> dict:
     return {"kl_ref": first or "base"}
 
 
-# RL's learning rate from a warm start where [train_policy] gives none (research/README.md,
-# "Keeping a warm start": mid.toml, 3 seeds, against 3e-4 with either KL reference)
+# RL's learning rate from a warm start where [train_policy] gives none (docs/stages/loop.md:
+# mid.toml, 3 seeds, against 3e-4 with either KL reference)
 WARM_LR = 1e-4
 
 

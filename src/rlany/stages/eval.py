@@ -77,7 +77,7 @@ class EvalOptions(EpisodeFields):
     temperature: float = opt(0.8, "Sampling temperature.", min=0)
     # the judge measured: the paper's step accuracy, reported by every loop iteration. Its
     # settings mirror `rlany judge`'s (the loop fills them from [judge]): a heading of their
-    # own in --help, not research switches (research/README.md, "Research switches")
+    # own in --help
     judge: bool = opt(False, "Also judge the eval trajectories: step accuracy against the "
                       "env's step labels, and the last step against the outcome.",
                       panel=JUDGE_PANEL)

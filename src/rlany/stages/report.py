@@ -120,7 +120,7 @@ def draw_panel(ax, panel: list[dict], title: str, xlabel: str, colors: dict | No
                legend: bool = True) -> None:
     """One panel's lines on a matplotlib axis: a band filled, error bars where a run has
     intervals; `colors` (label -> color) keeps an arm's color across panels. `rlany report`
-    and the research plots (research/learning_plots.py) draw through this."""
+    draws through this, and so do plots outside the product (`rlany.api`)."""
     for line in panel:
         color = (colors or {}).get(line.get("arm", line["label"]))
         (handle,) = ax.plot(line["x"], line["y"], marker="o", label=line["label"], color=color)

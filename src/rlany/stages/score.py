@@ -9,8 +9,6 @@ acc(q) stays the share of successes, and a task is "uniform" when its O_i are al
 Policy (integrated feedback):
     S̄_it = mean_j S_itj                      (all m samples; an unparseable 0 abstains)
     R_it = O_i + λ · S̄_it                    (λ = 1; --lam 0 is the outcome alone)
-    `--lam-gate agreement` (a research switch) scales λ by how far the step scores' agreement
-    with the outcomes is above chance, measured on this input first (rlany.stages.lam_gate).
     A_it = (R_it - mean_{i'∈I_t} R_i't) / std_{i'∈I_t} R_i't
            where I_t = trajectories of q that reach step t (population std).
     A step index reached by one trajectory has no group to compare with: `--lone-step raw`
@@ -29,10 +27,7 @@ Reward model (consistency feedback):
     differ, so |S̄_it| < 1 and, with λ <= 1, sign R_it = O_i). R_it itself
     (`--rm-target integrated`) holds the judge's own verdicts: a judge that says +1 on
     every step gets R = O + 1 = 0 on a failure, so it is never corrected, and it
-    collapsed to +1 in one iteration that way (research/LOG.md, 2026-11-23).
-    `--rm-balance` scales a task's a_itj so its kept steps with R_it > 0 and with R_it < 0
-    weigh the same (k / 2k_+ and k / 2k_-): otherwise, where most trajectories fail, the
-    cheapest way to agree with R is to say -1 more often, whatever the step.
+    collapsed to +1 in one iteration that way (docs/stages/score.md, `--rm-target`).
     `--rm-target label` (supervised, not the paper's label-free method) puts the env's step
     label L_it ∈ {-1, +1} (`info["label"]`) in place of R_it: a supervised judge
     (docs/stages/loop.md's warm start), or on the loop's steps a bound on what
@@ -71,7 +66,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlany.errors import RlanyError
@@ -89,9 +84,8 @@ from rlany.stages.env_reward import OUTCOMES, STEP_SCORES, labels, outcomes
 from rlany.stages.env_reward import step_scores as env_step_scores
 from rlany.stages.episode_errors import errored
 from rlany.stages.gigpo import AnchorCounts, StepCreditFields, gigpo_credit
-from rlany.stages.lam_gate import gated_lambda, judge_stats
+from rlany.stages.judge_stats import judge_stats
 from rlany.stages.pairing import group_origin, groups, paired
-from rlany.stages.rm_balance import balanced
 from rlany.stages.task_filter import policy_filter, rm_filter
 from rlany.stages.unit_tests import unit_test_rewards
 
@@ -106,11 +100,6 @@ class ScoreOptions(StepCreditFields):
     stats: str | None = opt(None, "Per-task accuracy file. Default: task_stats.jsonl beside "
                             "--output (none when --output is -).", scope="io")
     lam: float = opt(1.0, "lambda in R = O + lambda * mean(S); 0 = outcome only.", min=0)
-    lam_gate: str = opt("none", "agreement: scale lambda by how far the step scores' agreement "
-                        "with the outcomes is above chance (2 x its 95% lower bound - 1, "
-                        "at least 0), measured on this input before scoring, label-free; "
-                        "a judge at chance then adds nothing (rlany.stages.lam_gate).",
-                        choices=("none", "agreement"), diagnostic=True)
     lone_step: str = opt("raw", "A step index reached by only one trajectory: keep its raw R "
                          "as the advantage (reference behaviour) or drop it (zero). Under "
                          "--step-credit gigpo: a task with one trajectory that ran (its "
@@ -128,10 +117,6 @@ class ScoreOptions(StepCreditFields):
                             min=0, max=1)
     rm_acc_max: float = opt(0.8, "Reward-model data only from tasks with accuracy <= this.",
                             min=0, max=1)
-    rm_balance: bool = opt(False, "Weight a task's reward-model steps so those with R > 0 and "
-                           "those with R < 0 weigh the same: consistency feedback then cannot "
-                           "be met by a bias toward -1 (most steps of a hard task fail) and "
-                           "teaches which steps are good.", diagnostic=True)
     rm_target: str = opt("outcome", "What a judge verdict must agree with under train-rm's "
                          "exact objectives (rm_target): the trajectory's outcome O (outcome, "
                          "label-free), R itself (integrated) or the env's step label (label, "
@@ -143,8 +128,7 @@ class ScoreOptions(StepCreditFields):
                            "verdicts (judge, the paper), the env's own step labels (label: "
                            "the upper bound of step feedback, no judge needed; envs with step "
                            "labels, e.g. household) or the env's step rewards (env-reward: "
-                           "info.reward, e.g. openenv; null = 0).", choices=STEP_SCORES,
-                           diagnostic=True)
+                           "info.reward, e.g. openenv; null = 0).", choices=STEP_SCORES)
     outcome: str = opt("success", "Where O comes from in R = O + lambda * mean(S): +1/-1 from "
                        "the episode's success (success, the paper), the sum of the env's step "
                        "rewards (return) or the last step's reward (final-reward), read from "
@@ -157,10 +141,6 @@ class ScoreOptions(StepCreditFields):
         if self.rm_acc_min > self.rm_acc_max:
             raise RlanyError(f"need {name('rm_acc_min')} <= {name('rm_acc_max')}, got "
                              f"{self.rm_acc_min} > {self.rm_acc_max}")
-        if self.lam_gate != "none" and self.outcome != "success":
-            raise RlanyError(f"{name('lam_gate')} {self.lam_gate} measures the step scores "
-                             f"against success outcomes: it does not go with "
-                             f"{name('outcome')} {self.outcome}")
 
     @property
     def stats_path(self) -> str | None:
@@ -241,8 +221,6 @@ def score_group(group: list[tuple[str, Trajectory, Judgment | None]],
                              policy=tr.policy, extra=tr.extra if opts.outcome == "success"
                              else {**tr.extra, "env_outcome": outcome[i]}))
 
-    if opts.rm_balance and tests is None:
-        scored = balanced(scored, targets)
     # n, acc and the judge's fields over the episodes that ran; when none did, n counts
     # the errored ones (n >= 1 is the record's rule) and `ran: 0` says so
     idx = [k for k, ok in enumerate(ran) if ok]
@@ -325,16 +303,9 @@ def run(opts: ScoreOptions, engine: object = None) -> dict:
     acc_sum = agree_sum = env_sum = 0.0
     agree_n = 0
     anchors = AnchorCounts()  # --step-credit gigpo: the pool's anchor groups
-    scoring = opts
-    if opts.lam_gate == "agreement":  # a pre-pass over the input (stdin was spooled above)
-        lam, counts["lam_gate"] = gated_lambda(
-            ([x for x in g if not errored(x[1])] for g in groups(paired(traj_reader,
-                                                                         judge_reader))),
-            opts.lam, lambda group: _step_scores(group, opts))
-        scoring = replace(opts, lam=lam)
-    counts["lam"] = scoring.lam
+    counts["lam"] = opts.lam
     with atomic_outputs(opts.output, stats) as (out, st):  # both files, or neither
-        for scored, task_stats in score_stream(traj_reader, judge_reader, scoring):
+        for scored, task_stats in score_stream(traj_reader, judge_reader, opts):
             out.write_all(scored)
             if st:
                 st.write(task_stats)
@@ -383,10 +354,4 @@ def _tail(counts: dict) -> str:
     if counts.get("anchor_shared_share") is not None:  # --step-credit gigpo
         tail += (f", {counts['anchor_shared_share']:.0%} of steps share their anchor state "
                  f"(mean group size {counts['anchor_group_mean']:.2f})")
-    gate = counts.get("lam_gate")
-    if not gate:
-        return tail
-    agreement = "-" if gate["agreement"] is None else f"{gate['agreement']:.3f}"
-    return tail + (f", lambda {counts['lam']:.3f} (step scores agree with outcomes "
-                   f"{agreement}, 95% lower bound {gate['lower95']:.3f}, "
-                   f"{gate['trajectories']} trajectories)")
+    return tail

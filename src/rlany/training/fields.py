@@ -88,8 +88,8 @@ class TrainFields:
                            choices=("shuffled", "grouped", "stratified"))
     share_prefix: bool = opt(True, "Run each prefix that samples of a micro-batch share once "
                              "(the same loss and gradients, less compute; on a CPU with "
-                             "sdpa or eager attention, else off: slower on a GPU).",
-                             diagnostic=True)
+                             "sdpa or eager attention, else off: slower on a GPU). "
+                             "--no-share-prefix runs the plain padded batch.")
     grad_checkpointing: bool = opt(False, "Recompute each layer's activations in the backward "
                                    "pass instead of keeping them (Hugging Face's gradient "
                                    "checkpointing): about a third more compute for a fraction "
@@ -117,8 +117,7 @@ class PpoFields(TrainFields):
     old_logprobs: str = opt("auto", "PPO's pre-update log-probs: auto (the sampling engine's, "
                             "where every sample has them and they are exact), generation, or "
                             "recompute (an extra forward pass).",
-                            choices=OLD_LOGPROBS,
-                            diagnostic=True)
+                            choices=OLD_LOGPROBS)
 
     def check(self, name) -> None:
         super().check(name)

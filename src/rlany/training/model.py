@@ -75,7 +75,7 @@ def master_fp32(opts: TrainFields) -> bool:
     forward under bf16 autocast, as every trainer does: an update below a bf16 weight's
     spacing (2^-8 of its size) is rounded away, and at full fine-tuning's ~1e-6 that is
     most of them (a tiny model at lr 1e-6 in pure bf16 changed 1.5% of its weights in 2
-    steps; research/LOG.md 2026-11-26). LoRA needs no such copy: PEFT keeps the adapter's
+    steps: docs/stages/train-policy.md). LoRA needs no such copy: PEFT keeps the adapter's
     own weights in fp32. Not under DeepSpeed, whose own bf16 mode keeps fp32 master weights
     (and checks that no autocast encloses its engine)."""
     from accelerate.utils import parse_flag_from_env

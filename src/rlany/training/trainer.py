@@ -91,7 +91,7 @@ def _stratified(samples: list[Sample], per_step: int) -> list[list[int]]:
     as many consecutive runs as there are steps, a step one run of each class. So a step
     holds both classes in their overall proportion, as a shuffled step does on average (a
     grouped step of one trajectory's steps, mostly one outcome, pushed train-rm's verdict
-    bias: research/README.md), and each run shares its prompts' prefixes as a grouped
+    bias: docs/stages/train-rm.md), and each run shares its prompts' prefixes as a grouped
     step's do."""
     def positive(s: Sample) -> bool:
         return (s.target if s.target is not None else s.advantage) > 0

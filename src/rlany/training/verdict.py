@@ -29,8 +29,8 @@ while the judge is wrong, and over steps that look alike it makes q₊ the R-wei
 of those with R > 0 (a calibrated verdict, where `expected` pushes q to 0 or 1). R is a
 noisy label for a step (a good step in a failed episode has R < 0): for one round of training
 the bounded `expected` loss measured the more robust under such noise
-(research/judge_capacity.py, held-out step accuracy from the outcome alone: 0.673 / 0.690
-at lr 3e-4 / 1e-3, against logloss's 0.593 / 0.703), but over the loop's rounds its fading
+(held-out step accuracy from the outcome alone: 0.673 / 0.690 at lr 3e-4 / 1e-3, against
+logloss's 0.593 / 0.703; docs/stages/train-rm.md), but over the loop's rounds its fading
 gradient leaves a drifted verdict bias where it fell (docs/stages/train-rm.md), hence
 `train-rm --objective auto`'s choice, `logloss`.
 
