@@ -144,6 +144,7 @@ B, R = "benchmarks/results/", "research/results/"
 # (setting, results file, row kind, key); a setting may be a function of the file
 ROWS: list[tuple[str | Callable[[dict], str], str, Callable[[dict, str], Cells], str]] = [
     (demo_setting, B + "demo-avx2forced-float32.json", demo, ""),
+    (demo_setting, B + "demo-avx512-bfloat16.json", demo, ""),
     ("`make demo`'s config, 3 seeds", R + "learning-demo.json", arm, "policy-only [demo]"),
     ("household, policy-only RL, 3 iterations", R + "learning.json", arm, "policy-only"),
     ("the same after a warm start (expert demos + `rlany sft`)", R + "learning.json", warm,
