@@ -153,7 +153,7 @@ from rlany.engines.fake import FakeEngine
 from rlany.loop.loop import Loop, load_config
 cfg = load_config({config!r})
 loop = Loop(cfg, {config!r})
-loop._engine = FakeEngine(responder, model="fake")
+loop.executor.engine = FakeEngine(responder, model="fake")
 loop.run()
 """
 

@@ -198,7 +198,7 @@ def _run(config, **kw):
 
     cfg = load_config(config, kw)
     loop = Loop(cfg, config)
-    loop._engine = FakeEngine(_responder, model="fake")
+    loop.executor.engine = FakeEngine(_responder, model="fake")
     loop.run()
     return loop
 

@@ -133,7 +133,7 @@ def _config(tmp_path, tiny_model, keep_last=1, **switches):
 def _run(config, **kw):
     cfg = load_config(config, kw)
     loop = Loop(cfg, config)
-    loop._engine = FakeEngine(responder, model="fake")   # inject the engine
+    loop.executor.engine = FakeEngine(responder, model="fake")   # inject the engine
     loop.run()
     return loop
 
@@ -164,7 +164,7 @@ def test_loop_runs_resumes_and_skips(tmp_path, tiny_model):
 
     # a rerun of a finished run does nothing and calls no engine
     again = _run(config)
-    assert again._engine.stats.calls == 0
+    assert again.executor.engine.stats.calls == 0
 
     # killed in the middle of iteration 1's judge: the judge's output, everything after it
     # and done.json are missing (pruning only ever happens after done.json)
@@ -177,7 +177,7 @@ def test_loop_runs_resumes_and_skips(tmp_path, tiny_model):
     shutil.rmtree(it1 / "policy")
     shutil.rmtree(it1 / "rm")
     resumed = _run(config)
-    assert resumed._engine.stats.calls > 0
+    assert resumed.executor.engine.stats.calls > 0
     for name, data in snapshot.items():
         assert (it1 / name).read_bytes() == data, name   # same records, no duplicates
     final = read_jsonl(run / "metrics.jsonl")
@@ -194,7 +194,7 @@ def test_one_stage_steps_through_a_run_to_the_same_result(tmp_path, tiny_model):
     stages = []
     while True:
         loop = Loop(load_config(config), config, one_stage=True)
-        loop._engine = FakeEngine(responder, model="fake")
+        loop.executor.engine = FakeEngine(responder, model="fake")
         ran = loop.run()
         if ran is None:
             break
@@ -225,7 +225,7 @@ def test_ablation_switches_change_what_runs(tmp_path, tiny_model):
     longer = _run(config, iterations=3)
     assert [m["iteration"] for m in read_jsonl(longer.dir / "metrics.jsonl")] == [0, 1, 2]
     assert json.loads((longer.dir / "config.json").read_text())["iterations"] == 3
-    assert longer._engine.stats.calls > 0
+    assert longer.executor.engine.stats.calls > 0
     with pytest.raises(RlanyError, match="different config"):
         _run(config, iterations=3, seed=1)
     with pytest.raises(RlanyError, match="different config"):   # fewer: refused
@@ -454,7 +454,7 @@ def test_runs_of_one_runs_dir_share_an_identical_base_evaluation(tmp_path, tiny_
     def first_stage(name, seed=0, sets=()):
         loop = Loop(load_config(config, {"name": name, "seed": seed}, list(sets)), config,
                     one_stage=True)
-        loop._engine = FakeEngine(responder, model=resolve_model(tiny_model))
+        loop.executor.engine = FakeEngine(responder, model=resolve_model(tiny_model))
         return loop.run(), loop.dir
 
     assert first_stage("a")[0] == "eval"

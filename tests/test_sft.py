@@ -182,7 +182,7 @@ def _run_warm(config, **kw):
     from rlany.loop.loop import Loop, load_config
 
     loop = Loop(load_config(config, kw), config)
-    loop._engine = FakeEngine.from_rules([{"responses": ["1", "2", "3", "4", "5"]}])
+    loop.executor.engine = FakeEngine.from_rules([{"responses": ["1", "2", "3", "4", "5"]}])
     loop.run()
     return loop
 
@@ -207,7 +207,7 @@ def test_loop_warm_start_makes_its_first_adapter(tmp_path, tiny_model):
     assert read_jsonl(it0 / "trajectories.jsonl")[0]["policy"]["adapter"] == str(warm / "sft")
     assert json.loads((it0 / "policy" / "rlany.json").read_text())["init_adapter"] == \
         str(warm / "sft")
-    assert _run_warm(config)._engine.stats.calls == 0   # complete: nothing reruns
+    assert _run_warm(config).executor.engine.stats.calls == 0   # complete: nothing reruns
 
     (tmp_path / "x").mkdir()
     with pytest.raises(RlanyError, match="set one of them"):
@@ -239,7 +239,7 @@ def test_sibling_runs_share_an_identical_warm_start_and_its_evaluation(tmp_path,
 
     def run(name, **kw):
         loop = Loop(load_config(config, {"name": name, **kw}), config)
-        loop._engine = FakeEngine.from_rules([{"responses": ["1", "2", "3", "4", "5"]}],
+        loop.executor.engine = FakeEngine.from_rules([{"responses": ["1", "2", "3", "4", "5"]}],
                                              model=resolve_model(tiny_model))
         loop.run()
         return loop.dir

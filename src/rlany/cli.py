@@ -107,10 +107,13 @@ def loop_cmd(
         from rlany.loop.plan import Plan, loop_command
 
         plan = Plan(cfg, loop_command(config, overrides, set_ or []))
-        Loop(cfg, config, plan=plan).run()
+        Loop(cfg, config, executor=plan).run()
         sys.stdout.write(plan.script())
         return
-    ran = Loop(cfg, config, one_stage=one_stage, stop_after=stop_after).run()
+    from rlany.loop.executors import executor_for  # in this process, or [launch] train's
+
+    ran = Loop(cfg, config, one_stage=one_stage, stop_after=stop_after,
+               executor=executor_for(cfg)).run()
     if ran:
         info(f"loop: stopped after {ran} (--one-stage); rerun for the next stage")
 

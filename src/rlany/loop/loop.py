@@ -37,28 +37,27 @@ added beside them and removed after saving), so the base weights are in memory o
 Ablations are switches: `step_feedback` (false: outcome-only reward, lambda = 0),
 `rm_training`, `env_adaptation`.
 
-`[launch] train` runs the trainers under a launcher, in processes of their own, the engine
-closed meanwhile (`rlany.loop.launch`). `--print-plan` runs nothing: the same walk
-through the stages writes the commands of what is left of the next iteration as a bash
-script (`rlany.loop.plan`); `--stop-after N` stops once iteration N is done.
+`Loop` is the walk: which stages, in which order, with which options, whether each is
+complete, which checkpoints each starts from. What is done with a stage still to do, and
+every directory, copy and record around it, is its executor's (`rlany.loop.executors`):
+in this process; under `[launch] train`, the trainers in processes of their own, the
+engine closed meanwhile (`rlany.loop.launch`); or, with `--print-plan`, nothing run and
+nothing written, the same walk taking what is left of the next iteration down as a bash
+script (`rlany.loop.plan`). `--stop-after N` stops once iteration N is done.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
-import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rlany.console import info
 from rlany.errors import RlanyError
-from rlany.files.jsonl import meta_path
 from rlany.loop.config import LoopConfig, load_config
-from rlany.loop.metrics import write_metrics
+from rlany.loop.executors import Executor, executor_for
 from rlany.loop.tables import (
     EVAL,
     STAGES,
@@ -67,54 +66,35 @@ from rlany.loop.tables import (
     eval_judge,
     pending_candidates,
 )
-from rlany.loop.warm_reuse import share_warm_start
 from rlany.stages import BY_TABLE
 
 __all__ = ["Loop", "LoopConfig", "load_config"]
 
 
 class Loop:
-    """Runs the iterations of one config; every stage checks its own completion first.
-    With `one_stage`, it runs the next incomplete stage and returns its command; with
-    `stop_after`, it stops once that iteration is done; with `plan` (a `plan.Plan`) it
-    runs and writes nothing, and the plan takes each command down instead."""
+    """Walks the iterations of one config; every stage checks its own completion first, and
+    its executor (`rlany.loop.executors`) carries out what is left: runs it in this process
+    or launched (the config's choice, `executor_for`), or takes it down as a script (a
+    `plan.Plan`). With `one_stage`, it runs the next incomplete stage and returns its
+    command; with `stop_after`, it stops once that iteration is done."""
 
     def __init__(self, cfg: LoopConfig, config_path: str, one_stage: bool = False,
-                 stop_after: int | None = None, plan: Any = None):
+                 stop_after: int | None = None, executor: Executor | None = None):
         self.one_stage = one_stage
         self.stop_after = stop_after
-        self.plan = plan
+        self.executor = executor or executor_for(cfg)
         self.cfg = cfg
         self.dir = cfg.run_dir
         self.config_path = config_path
-        self._engine = None
-        self._engine_start: float | None = None  # seconds, until an iteration records it
-        self._stopped: int | None = None  # the iteration `stop_after` stopped at
-
-    def engine(self):
-        """Started once, when the first generating stage has work to do."""
-        if self._engine is None:
-            from rlany.stage_engine import start_engine
-
-            info("loop: one engine for all stages")
-            t0 = time.perf_counter()
-            self._engine = start_engine(self.cfg.options("rollout", input="-"), "loop")
-            self._engine_start = round(time.perf_counter() - t0, 1)
-        return self._engine
+        self.stopped: int | None = None  # the iteration `stop_after` stopped at
 
     def run(self) -> str | None:
-        """The whole run, holding the run directory's lock (a second `rlany loop` on the
-        same run directory is refused, not interleaved). With `one_stage`, the command of
-        the one stage it ran (None: every stage was complete)."""
-        from rlany.stageio import output_lock
-
+        """The whole run, in the run directory as the executor holds it (an executor that
+        writes holds its lock). With `one_stage`, the command of the one stage it ran
+        (None: every stage was complete)."""
         if self.dir.exists() and not self.dir.is_dir():
             raise RlanyError("the run directory is a file", where=str(self.dir))
-        if self.plan is not None:  # nothing is written: no lock either
-            return self._run()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with output_lock(self.dir / "loop", busy="another `rlany loop` is running in this "
-                         "run directory; wait for it or stop it"):
+        with self.executor.hold(self.dir):
             return self._run()
 
     def _run(self) -> str | None:
@@ -123,11 +103,7 @@ class Loop:
             ran = self.stage(stage, d, it, **io)
             if ran and self.one_stage:
                 return ran
-        if self.plan is None:
-            write_metrics(self.dir)
-            info(f"loop: stopped after iteration {self._stopped} (--stop-after) in {self.dir}"
-                 if self._stopped is not None else
-                 f"loop: {self.cfg.iterations} iterations complete in {self.dir}")
+        self.executor.end(self)
         return None
 
     def _stages(self) -> Iterator[tuple[Stage, Path, int, dict]]:
@@ -136,11 +112,8 @@ class Loop:
         its metrics after them); a caller that stops early leaves the rest undone."""
         if self.cfg.warm_start:  # first: an env without an expert fails before anything
             warm = self.dir / "warm_start"
-            self._mkdir(warm)
-            if self.plan is None and (src := share_warm_start(
-                    *(self.options(s, warm, 0) for s in WARM_START), warm)):
-                info(f"loop: warm start shared: {src} (same flags, pool, versions and model "
-                     "content)")
+            self.executor.mkdir(warm)
+            self.executor.share_warm_start(self, warm)
             for stage in WARM_START:
                 yield stage, warm, 0, {}
         if self.cfg.eval_tasks:
@@ -153,15 +126,14 @@ class Loop:
                                                                         self.init_rm))
         for it in range(self.cfg.iterations):
             ran = yield from self.iteration(it)
-            if it == self.stop_after or (ran and self.plan is not None):
-                self._stopped = it if it == self.stop_after else None
-                return  # a plan is one iteration: the next depends on what this one makes
+            if it == self.stop_after or not self.executor.next_iteration(ran):
+                self.stopped = it if it == self.stop_after else None
+                return  # (a plan is one iteration: the next depends on what this one makes)
 
     def _init_run_dir(self) -> None:
         """Echo the resolved config into config.json, once it is checked against what the
         run directory holds (`rlany.loop.resume`): the echo of a started run, and
         the options every finished stage recorded, whether or not config.json survives."""
-        from rlany.files.outputs import write_text_atomic
         from rlany.loop.resume import check_echo, check_finished
 
         config = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k != "path"}
@@ -174,8 +146,7 @@ class Loop:
         if echo.exists() and echo.read_text() != resolved and started:
             check_echo(echo, config, self.cfg.iterations)
         check_finished(self)
-        if self.plan is None:
-            write_text_atomic(echo, resolved)
+        self.executor.write_echo(echo, resolved)
 
     def iteration(self, it: int) -> Iterator[tuple[Stage, Path, int, dict]]:
         """The stages of iteration `it` (none when its done.json exists); returns whether
@@ -184,81 +155,38 @@ class Loop:
         if (d / "done.json").exists():
             info(f"loop: iteration {it} already complete")
             return False
-        self._mkdir(d)
-        if self.plan is not None:
-            self.plan.iteration = it
+        self.executor.mkdir(d)
+        self.executor.begin(it)
         self._pool(it, d)
         for stage in STAGES:
             if stage.enabled(self.cfg):
                 yield stage, d, it, {}
         if not self.cfg.env_adaptation and not (d / "next_tasks.jsonl").exists():
-            self._copy(d / "tasks.jsonl", d / "next_tasks.jsonl")
+            self.executor.copy([d / "tasks.jsonl"], d / "next_tasks.jsonl")
         last = it == self.cfg.iterations - 1
         if self.cfg.eval_tasks and ((it + 1) % self.cfg.eval_every == 0 or last):
             yield EVAL, d, it, {}
-        if self.plan is not None:
-            self.plan.finish(it)
-        else:
-            self._finish_iteration(d, it)
+        self.executor.finish(self, d, it)
         return True
 
     def stage(self, stage: Stage, d: Path, it: int, **io: Any) -> str | None:
-        """Run one stage unless complete: print its command, then run exactly that (a
-        trainer with nothing to learn from writes its `skipped` file instead of a
-        checkpoint). Returns the command it ran (None: complete, or only planned)."""
-        command = BY_TABLE[stage.table]
+        """Carry out one stage unless complete (its executor runs it, or takes it down).
+        Returns the name of the command it ran (None: complete, or only planned)."""
         opts = self.options(stage, d, it, **io)
         if self.complete(stage, opts):
-            info(f"loop: skip {command.name}: {opts.output} is complete")
+            info(f"loop: skip {BY_TABLE[stage.table].name}: {opts.output} is complete")
             return None
-        if self.plan is not None:
-            self.plan.stage(self, stage, d, it, io)
-            return None
-        from rlany.loop.launch import command_line, run_launched
-
-        argv = command_line(self.cfg, command, opts)
-        info("loop: $ " + shlex.join(argv))
-        if argv[0] != "rlany":  # [launch] train: the trainer's own processes
-            self._release_engine()
-            run_launched(argv, command.name, str(opts.output),
-                         lambda: self.complete(stage, opts))
-            return command.name
-        kw: dict[str, Any] = {}
-        if command.engine == "generates" and stage.engine:
-            kw["engine"] = self.engine()
-        elif command.engine == "borrows":  # one model in memory: the engine's network
-            kw["engine"] = self._engine
-        command.run(opts, **kw)
-        return command.name
+        return self.executor.stage(self, stage, d, it, io, opts)
 
     def complete(self, stage: Stage, opts: Any) -> bool:
-        """A stage's output is complete: its sidecar or checkpoint, a trainer's `skipped`
-        file, or the joined outputs of a plan's shards (`shards.adopt`, whose sidecar
-        the loop then writes). A plan looks without writing anything (no evaluation shared)."""
-        from rlany.loop.shards import adopt
-
-        planning = self.plan is not None
-        done = meta_path(opts.output) if planning and stage is EVAL else stage.done(opts)
+        """A stage's output is complete: its sidecar or checkpoint (`executor.done`: a plan
+        looks without writing, so shares no evaluation), a trainer's `skipped` file, or the
+        joined outputs of a plan's shards (`shards.adopt`, whose sidecar an executor that
+        writes then writes)."""
+        done = self.executor.done(stage, opts)
         skipped = getattr(opts, "skipped", None)
         return (done.exists() or bool(skipped and Path(skipped).exists())
-                or (stage.table in ("rollout", "judge") and adopt(opts.output, not planning)))
-
-    def _release_engine(self) -> None:
-        if self._engine is None:
-            return
-        from rlany.loop.launch import free_memory
-
-        info("loop: engine closed, the launched trainer has the devices (the next stage "
-             "that generates starts it again)")
-        self._engine.close()
-        self._engine = None
-        free_memory()
-
-    def _mkdir(self, d: Path) -> None:
-        if self.plan is not None:
-            self.plan.mkdir(d)
-        else:
-            d.mkdir(parents=True, exist_ok=True)
+                or (stage.table in ("rollout", "judge") and self.executor.adopt(opts.output)))
 
     def options(self, stage: Stage, d: Path, it: int, **io: Any) -> Any:
         """The options `stage` runs with in directory `d` of iteration `it`."""
@@ -278,13 +206,13 @@ class Loop:
             src = Path(self.cfg.tasks) if it == 0 else \
                 self.dir / f"iter_{it - 1:03d}" / "next_tasks.jsonl"
             read_tasks(src)
-            self._copy(src, pool)
+            self.executor.copy([src], pool)
         out = d / "rollout_tasks.jsonl"
         if not out.exists():
             pending = pending_candidates(self, it)
             if pending:
                 read_tasks(pending, allow_empty=True)
-            self._copy(pool, out, *([Path(pending)] if pending else []))
+            self.executor.copy([pool, *([Path(pending)] if pending else [])], out)
 
     def rm_input(self, d: Path, it: int) -> str:
         """train-rm's input: the iteration's scored steps, or with rm_buffer = K those of
@@ -305,20 +233,8 @@ class Loop:
                 if not path.is_file():
                     raise RlanyError(f"{why} needs {path}, which is missing",
                                      where=str(self.dir))
-            self._copy(older[0], out, *older[1:], *now)
+            self.executor.copy([*older, *now], out)
         return str(out)
-
-    def _copy(self, src: Path, dst: Path, *more: Path) -> None:
-        if self.plan is not None:
-            return self.plan.copy([src, *more], dst)
-        info("loop: $ " + shlex.join(["cat", str(src), *map(str, more)]) + " > "
-             + shlex.quote(str(dst)))
-        tmp = dst.with_name(f".{dst.name}.tmp")
-        with open(tmp, "wb") as out:
-            for path in (src, *more):
-                with open(path, "rb") as f:
-                    shutil.copyfileobj(f, out)
-        tmp.replace(dst)
 
     # -- bookkeeping -------------------------------------------------------------------
     def latest(self, kind: str, before: int) -> str | None:
@@ -339,9 +255,10 @@ class Loop:
             if (ckpt / "rlany.json").exists():
                 self._check_checkpoint(ckpt, kind)
                 return str(ckpt)
-            if self.plan is not None and it == self.plan.iteration:  # the plan trains it
-                if kind in self.plan.assume_skipped:
-                    continue
+            assumed = self.executor.assumed(kind, it)  # a plan's own training, not run yet
+            if assumed == "skipped":
+                continue
+            if assumed == "trained":
                 return str(ckpt)
             if (d / f"{kind}.pruned").exists():
                 raise RlanyError(f"the {kind} checkpoint this iteration needs was pruned",
@@ -371,26 +288,3 @@ class Loop:
         """The judge adapter iteration 0 starts from: init_rm (e.g. the supervised judge of
         docs/stages/loop.md's recipe), or None (the base model)."""
         return self.cfg.init_rm
-
-    def _finish_iteration(self, d: Path, it: int) -> None:
-        from rlany.files.outputs import write_text_atomic
-        from rlany.loop.metrics import collect_metrics
-
-        metrics = {"iteration": it, **collect_metrics(d)}
-        if self._engine_start is not None:  # this process started its engine in this iteration
-            metrics["seconds"]["engine_start"], self._engine_start = self._engine_start, None
-        write_text_atomic(d / "done.json", json.dumps(metrics, indent=2, allow_nan=False) + "\n")
-        self._prune(it)
-        write_metrics(self.dir)
-        info(f"loop: iteration {it} done: train acc {metrics.get('train_acc')}, eval success "
-             f"{metrics.get('eval_success')}, accepted tasks {metrics.get('accepted_tasks')}")
-
-    def _prune(self, it: int) -> None:
-        """Keep the checkpoints of the last `keep_last` iterations (and always the latest)."""
-        for kind in ("policy", "rm"):
-            latest = self.latest(kind, it + 1)
-            for old in range(0, it + 1 - self.cfg.keep_last):
-                ckpt = self.dir / f"iter_{old:03d}" / kind
-                if ckpt.exists() and str(ckpt) != latest:
-                    shutil.rmtree(ckpt)
-                    (ckpt.parent / f"{kind}.pruned").write_text("pruned by keep_last\n")

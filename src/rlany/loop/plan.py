@@ -1,8 +1,9 @@
 """`rlany loop CONFIG --print-plan`: what is left of the next iteration, as a bash script.
 
-The loop walks its stages as it would to run them (`Loop` with a `Plan`), but runs and
-writes nothing (a dry run): each stage still to do becomes its command line, exactly the
-one the loop would print and run, each byte copy of a pool a guarded `cat`. The script
+The loop walks its stages as it would to run them (`Loop` with a `Plan` as its executor,
+`rlany.loop.executors`), but runs and writes nothing (a dry run): each stage still to do
+becomes its command line, exactly the one the loop would print and run, each directory a
+`mkdir -p`, each byte copy of a pool a guarded `cat`. The script
 
 * stops at the first failure (`set -euo pipefail`) and skips every step whose output is
   complete (the loop's own completion rule), so a failed script is rerun as it is;
@@ -35,6 +36,8 @@ import json
 import os
 import shlex
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from itertools import combinations
 from pathlib import Path
@@ -42,6 +45,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rlany.files.jsonl import meta_path
+from rlany.loop.executors import Assumed
 from rlany.loop.shards import SHARDED, shard_paths
 
 q = shlex.quote
@@ -66,14 +70,15 @@ def loop_command(config: str, overrides: dict[str, Any], sets: list[str]) -> lis
 
 
 class Plan:
-    """The script, built as the loop walks its stages (`Loop(..., plan=Plan(...))`)."""
+    """The script, built as the loop walks its stages (`Loop(..., executor=Plan(...))`):
+    the executor (`rlany.loop.executors.Executor`) that runs and writes nothing."""
 
     def __init__(self, cfg: Any, loop_argv: list[str]):
         from rlany.engines.endpoints import split_urls
 
         self.cfg, self.loop_argv = cfg, loop_argv
         self.lines: list[str] = []
-        self.iteration: int | None = None  # the iteration being planned (Loop.latest)
+        self.iteration: int | None = None  # the iteration being planned (`assumed`)
         self.assume_skipped: frozenset[str] = frozenset()  # kinds whose training is skipped
         self.trained: list[tuple[str, str]] = []  # (kind, skipped file) this plan trains
         self._made: set[str] = set()  # directories and copies already in the script
@@ -86,13 +91,17 @@ class Plan:
         self._serving = False
 
     # -- what the loop hands over --------------------------------------------------------
+    @contextmanager
+    def hold(self, run_dir: Path) -> Iterator[None]:
+        yield  # nothing is written: no lock either
+
     def mkdir(self, d: Path) -> None:
         if str(d) not in self._made:
             self._made.add(str(d))
             self.lines.append(f"mkdir -p {q(str(d))}")
 
     def copy(self, srcs: list[Path], dst: Path) -> None:
-        """The loop's byte copy (`Loop._copy`), moved into place whole."""
+        """The loop's byte copy, moved into place whole."""
         if str(dst) in self._made:
             return
         self._made.add(str(dst))
@@ -100,8 +109,42 @@ class Plan:
         self.lines.append(f"[ -e {q(str(dst))} ] || {{ cat {' '.join(q(str(s)) for s in srcs)}"
                           f" > {tmp} && mv {tmp} {q(str(dst))}; }}")
 
-    def stage(self, loop: Any, stage: Any, d: Path, it: int, io: dict) -> None:
-        """One stage's lines; once per case where a training before it may be skipped."""
+    def write_echo(self, path: Path, text: str) -> None:
+        pass  # the script's last line, `rlany loop ... --stop-after N`, writes it
+
+    def share_warm_start(self, loop: Any, warm: Path) -> None:
+        pass  # sharing writes (a copy, a content record): the script makes its own
+
+    def begin(self, it: int) -> None:
+        self.iteration = it
+
+    def done(self, stage: Any, opts: Any) -> Path:
+        """The stage's own rule, but an evaluation's sidecar alone: looking at a sibling
+        run's base evaluation would share it (`eval_reuse.eval_done`), a write."""
+        return meta_path(opts.output) if stage.table == "eval" else stage.done(opts)
+
+    def adopt(self, output: str) -> bool:
+        """The shards' join, looked at (its sidecar left to the loop)."""
+        from rlany.loop.shards import adopt
+
+        return adopt(output, False)
+
+    def assumed(self, kind: str, it: int) -> Assumed | None:
+        """The iteration planned trains its checkpoints: `latest` names them before they
+        are there, or passes a training's start on in the cases where it is skipped."""
+        if it != self.iteration:
+            return None
+        return "skipped" if kind in self.assume_skipped else "trained"
+
+    def next_iteration(self, ran: bool) -> bool:
+        return not ran  # one iteration: the next one's commands depend on what this makes
+
+    def end(self, loop: Any) -> None:
+        pass
+
+    def stage(self, loop: Any, stage: Any, d: Path, it: int, io: dict, opts: Any) -> None:
+        """One stage's lines; once per case where a training before it may be skipped, with
+        the options of that case (`opts` are those of the case where none is)."""
         from rlany.stages import BY_TABLE
 
         command = BY_TABLE[stage.table]
@@ -111,8 +154,8 @@ class Plan:
         for n in range(len(self.trained) + 1):
             for skipped in combinations(self.trained, n):
                 self.assume_skipped = frozenset(kind for kind, _ in skipped)
-                opts = loop.options(stage, d, it, **io)
-                cases.append((skipped, self._commands(loop, stage, command, opts)))
+                case = loop.options(stage, d, it, **io)
+                cases.append((skipped, self._commands(loop, stage, command, case)))
         self.assume_skipped = frozenset()
         if len({tuple(lines) for _, lines in cases}) == 1:
             self.lines += cases[0][1]
@@ -121,7 +164,7 @@ class Plan:
         if stage.may_skip:
             self.trained.append((KINDS[stage.table], opts.skipped))
 
-    def finish(self, it: int) -> None:
+    def finish(self, loop: Any, d: Path, it: int) -> None:
         if self._serving:
             self.lines.append("stop_servers")
             self._serving = False
@@ -152,8 +195,7 @@ class Plan:
         record = self._record(opts) if stage.table == "eval" else []
         if self.shards > 1 and stage.table in SHARDED and stage.engine:
             return record + self._sharded(stage, command, opts)
-        done = meta_path(opts.output) if stage.table == "eval" else stage.done(opts)
-        return [*record, f"[ -e {q(str(done))} ] || {line}"]
+        return [*record, f"[ -e {q(str(self.done(stage, opts)))} ] || {line}"]
 
     @staticmethod
     def _record(opts: Any) -> list[str]:
