@@ -136,6 +136,11 @@ def clone(r: dict, _: str) -> Cells:
     return (f"{r['full']['git_mib']} -> {r['shallow']['git_mib']} MiB", f"{r['ratio']}x", "-")
 
 
+def install(r: dict, _: str) -> Cells:
+    """`make install` on a fresh shallow checkout: its minutes and the .venv it makes."""
+    return (f"{r['install_minutes']} min, .venv {r['venv_mib'] / 1024:.1f} GiB", "-", "-")
+
+
 def demo_setting(r: dict) -> str:
     return f"`make demo`, seed 0, {r['minutes']} min"
 
@@ -168,6 +173,8 @@ ROWS: list[tuple[str | Callable[[dict], str], str, Callable[[dict, str], Cells],
     ("speed: Qwen3-0.6B's shape, 16k tokens, full: prime-rl -> rlany",
      B + "gpu.json", prime_rl, ""),
     ("`git clone`: the history -> `--depth 1`", B + "clone.json", clone, ""),
+    ("`make install` on that clone, pip's cache off, wheels from a local mirror",
+     B + "install.json", install, ""),
 ]
 
 
