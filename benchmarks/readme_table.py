@@ -144,12 +144,23 @@ def _openenv(r: dict) -> str:
 
 def _adapter(r: dict) -> str:
     w, a = r["ways"], r["agreement"]
+    speed = (f"{r['merged_over_base']} merged ({w['merged']['seconds']} vs "
+             f"{w['base']['seconds']} s), {r['unmerged_over_base']} unmerged"
+             + (f"; trained adapter {r['adapter']['trained']}" if "trained" in r["adapter"]
+                else ""))
+    if a is None:  # --no-agreement
+        return speed
     pair = a.get("merged_vs_unmerged")
-    return (f"{r['merged_over_base']} merged ({w['merged']['seconds']} vs {w['base']['seconds']} "
-            f"s), {r['unmerged_over_base']} unmerged; greedy tokens as fp32's: merged "
+    return (f"{speed}; greedy tokens as fp32's: merged "
             f"{a['merged']['greedy_identical_share']:.3f}, unmerged "
             f"{a['unmerged']['greedy_identical_share']:.3f}"
             + (f", merged as unmerged {pair['greedy_identical_share']:.3f}" if pair else ""))
+
+
+def _install(r: dict) -> str:
+    return (f"{r['install_minutes']} min ({r['install_seconds']} s; .venv {r['venv_mib']} MiB; "
+            f"clone {r['clone_seconds']} s) at {r['commit'][:7]}, packages from: "
+            + ("; ".join(r.get("pip_sources") or ["the package index"])))
 
 
 def _clone(r: dict) -> str:
@@ -158,7 +169,8 @@ def _clone(r: dict) -> str:
             f"commits; work tree {s['tree_mib']} MiB) at {r['commit'][:7]}")
 
 
-FORMAT = {"demo": _demo, "clone": _clone, "adapter": _adapter, "openenv": _openenv, "suite": _suite,
+FORMAT = {"demo": _demo, "clone": _clone, "install": _install, "adapter": _adapter,
+          "openenv": _openenv, "suite": _suite,
           "shared_prefix": _shared_prefix,
           "hf_generate": _hf_generate,
           "prompt_prefix": _prompt_prefix,
