@@ -11,6 +11,7 @@ successes, the mean shortening of the plan, and how many variants' success lands
 
     python research/env_loop_probe.py --tag base
     python research/env_loop_probe.py --tag warm --adapter runs/warm/warm_start/sft
+    python research/env_loop_probe.py --tag warm-22 --pool-tasks 22 --adapter ...  # a part
 """
 
 from __future__ import annotations
@@ -56,12 +57,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", required=True)
     ap.add_argument("--adapter")
     ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--pool-tasks", type=int, help="only the first K pool tasks in file order "
+                    "(the base probe's partial file covers 22)")
     args = ap.parse_args(argv)
     import jsonlines
 
     from rlany.api import Task, from_json, to_json
 
-    pool = [from_json(Task, r) for r in jsonlines.open(POOL)]
+    pool = [from_json(Task, r) for r in jsonlines.open(POOL)][:args.pool_tasks]
     made = variants(pool)
     with tempfile.TemporaryDirectory() as tmp:
         tasks, trajs = Path(tmp) / "tasks.jsonl", Path(tmp) / "trajectories.jsonl"
@@ -88,7 +91,9 @@ def main(argv=None) -> int:
         row["success"] = round(row["successes"] / row["episodes"], 3)
         row["plan_shortened"] = round(row["plan_shortened"] / row["variants"], 2)
     print(save(f"env-loop-probe-{args.tag}", {
-        "metric": "success of the easier edits' variants of mid.toml's 64 pool tasks, by kind",
+        "metric": f"success of the easier edits' variants of mid.toml's first {len(pool)} "
+                  "pool tasks, by kind",
+        "pool_tasks": len(pool),
         "policy": args.adapter or "base model", "n": args.n, "by_kind": dict(by_kind),
         "variants": len(made), "rollout_seconds": meta.get("wall_time_s"),
         "generate_seconds": meta["counts"].get("generate_seconds")}))
