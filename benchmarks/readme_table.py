@@ -144,8 +144,8 @@ def _openenv(r: dict) -> str:
 
 def _adapter(r: dict) -> str:
     w, a = r["ways"], r["agreement"]
-    speed = (f"{r['merged_over_base']} merged ({w['merged']['seconds']} vs "
-             f"{w['base']['seconds']} s), {r['unmerged_over_base']} unmerged"
+    speed = (f"{r['merged_over_base']} merged ({w['merged']['tokens_per_s']} vs "
+             f"{w['base']['tokens_per_s']} tokens/s), {r['unmerged_over_base']} unmerged"
              + (f"; trained adapter {r['adapter']['trained']}" if "trained" in r["adapter"]
                 else ""))
     if a is None:  # --no-agreement
