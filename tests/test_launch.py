@@ -269,8 +269,10 @@ def test_two_launched_processes_train_as_one_does(tmp_path, tiny_model):
     assert r1.returncode == 0, r1.stderr[-3000:]
     r2 = rlany(two, "loop", "loop.toml", ACCELERATE_USE_CPU="true")
     assert r2.returncode == 0, r2.stderr[-3000:]
-    assert f"loop: $ {launcher} -m rlany train-policy" in r2.stderr
+    # the loop states the world size the launcher's options give (rlany.training.world)
+    assert f"loop: $ env RLANY_WORLD_SIZE=2 {launcher} -m rlany train-policy" in r2.stderr
     ckpt = [run / "runs" / "a" / "iter_000" / "policy" for run in (one, two)]
+    assert [json.loads((c / "rlany.json").read_text())["world_size"] for c in ckpt] == [1, 2]
     logs = [read_jsonl(c.with_name("policy.metrics.jsonl")) for c in ckpt]
     assert len(logs[0]) == len(logs[1]) >= 2
     for x, y in zip(*logs):
@@ -278,8 +280,12 @@ def test_two_launched_processes_train_as_one_does(tmp_path, tiny_model):
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
     a, b = (load_file(str(c / "adapter_model.safetensors")) for c in ckpt)
     assert a.keys() == b.keys()
+    # Adam divides each coordinate's step by its gradient's size, so a coordinate whose
+    # gradient is near zero moves by the summation order's noise (all-reduce against
+    # accumulation: 2e-5 seen); a wrong global batch moves weights by the lr, 1e-2
     for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4,
+                                   msg=lambda m, key=key: f"{key}: {m}")
 
 
 @pytest.mark.parametrize("line,world", [
