@@ -193,8 +193,9 @@ def suite_time() -> str:
     what."""
     file = B + "suite-avx2forced-float32.json"
     r = load(file)
-    return (f"`make test` timed {r['machine']['date'][:10]} (`benchmarks/bench_suite.py`): "
-            f"{r['counts']['passed']} tests in {r['minutes']} min, {r['machine']['cpus']} cores, "
+    m = r["machine"]
+    return (f"`make test` timed {m['date'][:10]}: {r['counts']['passed']} tests in "
+            f"{r['minutes']} min, {m['cpus']} cores of an {m.get('cpu_model') or 'unnamed CPU'}, "
             f"{where_bench(r)} ([{Path(file).name}]({file})).\n")
 
 
