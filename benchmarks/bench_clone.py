@@ -27,23 +27,23 @@ ROOT = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
 
 
-def _git(*args: str, cwd: Path | None = None) -> str:
+def git(*args: str, cwd: Path | None = None) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
                           text=True).stdout.strip()
 
 
-def _bytes(path: Path) -> int:
+def du_bytes(path: Path) -> int:
     return int(subprocess.run(["du", "-sb", str(path)], check=True, capture_output=True,
                               text=True).stdout.split()[0])
 
 
 def clone(source: str, into: Path, *flags: str) -> dict:
     start = time.perf_counter()
-    _git("clone", "-q", "--no-local", *flags, source, str(into))
+    git("clone", "-q", "--no-local", *flags, source, str(into))
     return {"seconds": round(time.perf_counter() - start, 1),
-            "git_mib": round(_bytes(into / ".git") / MIB, 1),
-            "tree_mib": round((_bytes(into) - _bytes(into / ".git")) / MIB, 1),
-            "commits": int(_git("rev-list", "--count", "HEAD", cwd=into))}
+            "git_mib": round(du_bytes(into / ".git") / MIB, 1),
+            "tree_mib": round((du_bytes(into) - du_bytes(into / ".git")) / MIB, 1),
+            "commits": int(git("rev-list", "--count", "HEAD", cwd=into))}
 
 
 def main(source: str | None = None) -> dict:
@@ -51,7 +51,7 @@ def main(source: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         shallow = clone(source, Path(tmp) / "shallow", "--depth", "1")
         full = clone(source, Path(tmp) / "full")
-        commit = _git("rev-parse", "HEAD", cwd=Path(tmp) / "shallow")
+        commit = git("rev-parse", "HEAD", cwd=Path(tmp) / "shallow")
     ratio = round(shallow["git_mib"] / full["git_mib"], 3)
     result = {"metric": "MiB of .git a clone downloads, --depth 1 / the full history",
               "ratio": ratio, "target": "<= 0.1", "met": ratio <= 0.1,

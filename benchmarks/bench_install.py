@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_clone import du_bytes, git  # noqa: E402
 from common import save  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,10 +49,7 @@ def main(source: str | None = None) -> dict:
         env = {**os.environ, "PIP_NO_CACHE_DIR": "1"}
         env.pop("VIRTUAL_ENV", None)
         install = _timed(["make", "install"], into, env)
-        venv = int(subprocess.run(["du", "-sb", str(into / ".venv")], check=True,
-                                  capture_output=True, text=True).stdout.split()[0])
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=into, check=True,
-                                capture_output=True, text=True).stdout.strip()
+        venv, commit = du_bytes(into / ".venv"), git("rev-parse", "HEAD", cwd=into)
     result = {"metric": "seconds of the README's clone line and `make install` on a fresh "
                         "checkout, pip's cache off",
               "commit": commit, "clone_seconds": clone, "install_seconds": install,
